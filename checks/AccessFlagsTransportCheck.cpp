@@ -1,0 +1,90 @@
+//===- AccessFlagsTransportCheck.cpp - rdma-access-flags-transport --------===//
+
+#include "AccessFlagsTransportCheck.h"
+#include "clang/AST/ASTContext.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+AccessFlagsTransportCheck::AccessFlagsTransportCheck(
+    StringRef Name, tidy::ClangTidyContext *Context)
+    : RdmaCheck(Name, Context), AssumeIWarp(Options.get("AssumeIWarp", true)) {}
+
+void AccessFlagsTransportCheck::storeOptions(
+    tidy::ClangTidyOptions::OptionMap &Opts) {
+  RdmaCheck::storeOptions(Opts);
+  Options.store(Opts, "AssumeIWarp", AssumeIWarp);
+}
+
+void AccessFlagsTransportCheck::run(const TuAnalysis &A) {
+  if (!A.accessBit("local_write"))
+    return;
+  std::vector<AccessSite> Sites = accessSites(A);
+  checkTransportTests(A, Sites);
+  if (AssumeIWarp)
+    checkReadSinks(A, Sites);
+}
+
+static StringRef helperAdvice(Domain D) {
+  if (D == Domain::Kernel)
+    return "let rdma_rw_ctx_init() register the buffer (it gives iWARP READ "
+           "sinks REMOTE_WRITE itself) or derive the rights from device "
+           "capabilities in one place";
+  return "use regcore_access_flags(), which derives the rights from the "
+         "device and the buffer's role";
+}
+
+void AccessFlagsTransportCheck::checkTransportTests(
+    const TuAnalysis &A, llvm::ArrayRef<AccessSite> Sites) {
+  for (const AccessSite &S : Sites) {
+    const FlagAlt *Alt = S.Value.transportDependent();
+    if (!Alt)
+      continue;
+    report(A, S.Loc,
+           "access flags for '" + S.What +
+               "' are chosen by an inline transport test; " +
+               helperAdvice(S.D).str());
+    note(A, Alt->TransportTest->getBeginLoc(), "transport tested here");
+  }
+}
+
+/// Every path's flags are known and none grants remote write.
+static bool surelyWithout(const FlagSet &V, uint64_t Bit) {
+  if (V.empty())
+    return false;
+  for (const FlagAlt &Alt : V.Alts)
+    if (!Alt.exact() || (Alt.Known & Bit) || Alt.TransportTest ||
+        Alt.FromCoreHelper)
+      return false;
+  return true;
+}
+
+void AccessFlagsTransportCheck::checkReadSinks(
+    const TuAnalysis &A, llvm::ArrayRef<AccessSite> Sites) {
+  uint64_t RemoteWrite = A.accessBit("remote_write");
+  llvm::DenseSet<const AccessSite *> Reported;
+  for (const ReadSink &Sink : readSinks(A)) {
+    if (Sink.LocalDmaLkey) {
+      report(A, Sink.ReadLoc,
+             "RDMA READ into memory addressed with the PD's local_dma_lkey; "
+             "on iWARP a READ sink must be registered with "
+             "IB_ACCESS_REMOTE_WRITE; " + helperAdvice(Domain::Kernel).str());
+      continue;
+    }
+    for (const AccessSite *Reg : rightsOf(A, Sites, *Sink.Region, Sink.RegionFn)) {
+      if (!surelyWithout(Reg->Value, RemoteWrite) ||
+          !Reported.insert(Reg).second)
+        continue;
+      StringRef Name = A.rules().flagName(Reg->D, "access", "remote_write");
+      report(A, Reg->Loc,
+             "memory registered without " + Name.str() +
+                 " is the sink of an RDMA READ; on iWARP the READ response "
+                 "is a tagged write into the sink, so the READ fails; " +
+                 helperAdvice(Reg->D).str());
+      note(A, Sink.ReadLoc, "RDMA READ into this memory");
+    }
+  }
+}
+
+} // namespace ulplint

@@ -1,0 +1,208 @@
+//===- RemoteAccessOverbroadCheck.cpp - rdma-remote-access-overbroad ------===//
+
+#include "RemoteAccessOverbroadCheck.h"
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/ParentMap.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+void RemoteAccessOverbroadCheck::run(const TuAnalysis &A) {
+  if (!A.accessBit("local_write"))
+    return;
+  for (const AccessSite &S : accessSites(A)) {
+    if (S.K != AccessSite::Registration && S.K != AccessSite::FastReg)
+      continue;
+    checkUnusedRights(A, S);
+    checkImplicitOdp(A, S);
+  }
+  checkGlobalRkey(A);
+}
+
+static uint64_t remoteBits(const TuAnalysis &A) {
+  return A.accessBit("remote_write") | A.accessBit("remote_read") |
+         A.accessBit("remote_atomic");
+}
+
+/// The first enclosing statement that is not a paren or cast.
+static const Stmt *useContext(const ParentMap &PM, const Stmt *&Child) {
+  const Stmt *P = PM.getParent(Child);
+  while (P && (isa<ParenExpr>(P) || isa<CastExpr>(P))) {
+    Child = P;
+    P = PM.getParent(P);
+  }
+  return P;
+}
+
+/// Does this read of an MR's rkey hand the key to anyone? Comparisons,
+/// invalidations, key rotation and the REG_MR key field keep it local.
+static bool rkeyReadLeaves(const TuAnalysis &A, const FunctionDecl *Fn,
+                           const Expr *Read) {
+  const Stmt *Child = Read;
+  const Stmt *P = useContext(A.flow(Fn).parents(), Child);
+  if (const auto *BO = dyn_cast_or_null<BinaryOperator>(P)) {
+    if (BO->isComparisonOp())
+      return false;
+    if (BO->isAssignmentOp() && BO->getRHS() == Child)
+      if (auto Target = A.classifyMember(BO->getLHS()))
+        return Target->Role != "invalidate_rkey" && Target->Role != "reg_key";
+    return true;
+  }
+  if (const auto *CE = dyn_cast_or_null<CallExpr>(P))
+    if (const FunctionModel *M = A.modelOf(CE))
+      return M->E != Effect::RkeyIncrement && M->E != Effect::RkeyRotate;
+  if (!P)
+    return false;
+  // Designated initializers of a work request field fall here too.
+  for (const FieldStore &S : A.stores())
+    if (S.Value == Child)
+      return S.Role != "invalidate_rkey" && S.Role != "reg_key";
+  return true;
+}
+
+/// Can the rkey of the MR stored in \p Region reach a peer, or code the
+/// analysis cannot see?
+static bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
+                         const FunctionDecl *Fn) {
+  for (const TuAnalysis::Use &U : A.usesOf(Region, Fn)) {
+    const FunctionFlow &Flow = A.flow(U.Fn);
+    const Stmt *Child = U.E;
+    const Stmt *P = useContext(Flow.parents(), Child);
+    if (!P)
+      return true;
+    if (const auto *ME = dyn_cast<MemberExpr>(P)) {
+      auto Member = A.classifyMember(ME);
+      if (Member && Member->Role == "rkey" && rkeyReadLeaves(A, U.Fn, ME))
+        return true;
+      continue; // lkey, addr, length, or a member of a member
+    }
+    if (const auto *BO = dyn_cast<BinaryOperator>(P)) {
+      if (BO->isAssignmentOp() && BO->getLHS() == Child)
+        continue; // the registration storing the handle
+      if (BO->isComparisonOp() || BO->isLogicalOp())
+        continue;
+      if (BO->isAssignmentOp())
+        if (auto Target = locationOf(BO->getLHS()))
+          if (Target->Steps.empty() &&
+              Flow.resolve(*Target).Root != Target->Root)
+            continue; // copied into a local alias, whose uses we see
+      return true;
+    }
+    if (const auto *CE = dyn_cast<CallExpr>(P)) {
+      if (A.modelOf(CE))
+        continue; // verbs that only use the MR locally
+      return true;
+    }
+    if (isa<UnaryOperator>(P) || isa<IfStmt>(P) || isa<WhileStmt>(P) ||
+        isa<ConditionalOperator>(P))
+      continue;
+    if (const auto *DS = dyn_cast<DeclStmt>(P)) {
+      if (DS->isSingleDecl())
+        if (const auto *VD = dyn_cast<VarDecl>(DS->getSingleDecl())) {
+          Location Alias;
+          Alias.Root = VD;
+          if (!(Flow.resolve(Alias) == Alias))
+            continue;
+        }
+      return true;
+    }
+    return true; // returned, stored elsewhere, ...
+  }
+  return false;
+}
+
+/// Storage that code in other translation units cannot name.
+static bool isUnitPrivate(const TuAnalysis &A, const Location &Region,
+                          const FunctionDecl *Fn) {
+  Location R = A.flow(Fn).resolve(Region);
+  if (R.typeKey().empty())
+    return true; // a local of Fn
+  const auto *VD = dyn_cast<VarDecl>(R.Root);
+  if (VD && VD->hasGlobalStorage() && R.Steps.empty())
+    return !VD->isExternallyVisible();
+  if (R.Steps.empty() || !R.Steps.front().Field)
+    return false;
+  const RecordDecl *RD = R.Steps.front().Field->getParent();
+  return A.sources().isInMainFile(A.sources().getExpansionLoc(RD->getLocation()));
+}
+
+void RemoteAccessOverbroadCheck::checkUnusedRights(const TuAnalysis &A,
+                                                   const AccessSite &S) {
+  uint64_t Remote = remoteBits(A);
+  uint64_t Granted = 0;
+  for (const FlagAlt &Alt : S.Value.Alts)
+    if (Alt.exact())
+      Granted |= Alt.Known & Remote;
+  if (!Granted || !S.Region || !isUnitPrivate(A, *S.Region, S.Fn) ||
+      rkeyMayLeave(A, *S.Region, S.Fn))
+    return;
+  bool Local = A.flow(S.Fn).resolve(*S.Region).typeKey().empty();
+  report(A, S.Loc,
+         "'" + S.What + "' grants " + accessNames(A, S.D, Granted) +
+             " but the MR's rkey never leaves this " +
+             (Local ? "function" : "translation unit") +
+             "; no peer can use these rights, drop them");
+}
+
+static bool isAllOnes(std::optional<int64_t> V, const Expr *E,
+                      const ASTContext &Ctx) {
+  if (!V)
+    return false;
+  unsigned Width = Ctx.getTypeSize(E->getType());
+  uint64_t Mask = Width >= 64 ? ~uint64_t(0) : ((uint64_t(1) << Width) - 1);
+  return (static_cast<uint64_t>(*V) & Mask) == Mask;
+}
+
+void RemoteAccessOverbroadCheck::checkImplicitOdp(const TuAnalysis &A,
+                                                  const AccessSite &S) {
+  if (S.K != AccessSite::Registration)
+    return;
+  const Expr *Addr = S.Call->arg("addr");
+  const Expr *Length = S.Call->arg("length");
+  if (!Addr || !Length)
+    return;
+  ValueEval VE = A.values(S.Fn);
+  const ASTContext &Ctx = A.context();
+  bool ZeroAddr = Addr->isNullPointerConstant(
+                      const_cast<ASTContext &>(Ctx),
+                      Expr::NPC_ValueDependentIsNotNull) != Expr::NPCK_NotNull;
+  if (!ZeroAddr || !isAllOnes(VE.constant(Length), Length, Ctx))
+    return;
+  uint64_t OnDemand = A.accessBit("on_demand");
+  uint64_t Remote = remoteBits(A);
+  for (const FlagAlt &Alt : S.Value.Alts) {
+    if (!(Alt.Known & OnDemand) || !(Alt.Known & Remote))
+      continue;
+    report(A, S.Loc,
+           "implicit ODP registration of the whole address space grants " +
+               accessNames(A, S.D, Alt.Known & Remote) +
+               "; any peer holding the rkey can reach all of the process's "
+               "memory, register the buffers the peer needs instead");
+    return;
+  }
+}
+
+void RemoteAccessOverbroadCheck::checkGlobalRkey(const TuAnalysis &A) {
+  StringRef Name = A.rules().flagName(Domain::Kernel, "pd", "unsafe_global_rkey");
+  std::optional<int64_t> Bit = A.enumValue(Name);
+  if (!Bit || !*Bit)
+    return;
+  for (const ApiCall &C : A.calls()) {
+    const Expr *Flags = C.Model->E == Effect::PdAlloc ? C.arg("flags") : nullptr;
+    if (!Flags)
+      continue;
+    FlagSet V = A.values(C.Caller).flags(Flags);
+    for (const FlagAlt &Alt : V.Alts)
+      if (Alt.Known & static_cast<uint64_t>(*Bit)) {
+        report(A, Flags->getBeginLoc(),
+               Name.str() + " gives any peer that learns the PD's global "
+                            "rkey remote read and write access to all of "
+                            "memory; register per I/O with rdma_rw or "
+                            "a registration context instead");
+        break;
+      }
+  }
+}
+
+} // namespace ulplint

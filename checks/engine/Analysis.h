@@ -1,0 +1,166 @@
+//===- Analysis.h - The shared per-translation-unit engine ------*- C++ -*-===//
+//
+// One TuAnalysis exists per translation unit. It is built once, on the first
+// check that asks for it, and every rdma-* check reads the same facts: the
+// modelled API calls, the stores into modelled struct fields (work requests,
+// bind infos, QP attributes), and per-function data flow.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ULPLINT_ENGINE_ANALYSIS_H
+#define ULPLINT_ENGINE_ANALYSIS_H
+
+#include "Flow.h"
+#include "Rules.h"
+#include "clang/Basic/SourceLocation.h"
+#include "llvm/ADT/DenseMap.h"
+#include <memory>
+#include <vector>
+
+namespace clang {
+class ASTContext;
+class CallExpr;
+class FunctionDecl;
+class SourceManager;
+} // namespace clang
+
+namespace ulplint {
+
+/// A call to a modelled API function inside an analysed function.
+struct ApiCall {
+  const clang::CallExpr *Call = nullptr;
+  const FunctionModel *Model = nullptr;
+  const clang::FunctionDecl *Caller = nullptr;
+
+  /// The argument with \p Role, or null when the model has no such role.
+  const clang::Expr *arg(llvm::StringRef Role) const;
+};
+
+/// A store into a field with a modelled role: `wr.opcode = IBV_WR_SEND`,
+/// `req->reg_wr.access = ...`, a designated initializer `.opcode = ...`.
+struct FieldStore {
+  const StructModel *Struct = nullptr;
+  std::string Role;
+  /// The object the field belongs to (`req.reg_wr.wr` for a work request;
+  /// containers such as ib_reg_wr are normalised to their embedded WR).
+  Location Object;
+  /// The stored location itself (`req.reg_wr.access`).
+  Location Target;
+  const clang::Expr *Value = nullptr; // null for a zeroing store
+  const clang::Stmt *At = nullptr;    // assignment, declaration or call
+  const clang::Expr *Spelling = nullptr; // for diagnostics: LHS or init
+  bool Compound = false;
+  const clang::FunctionDecl *Fn = nullptr;
+};
+
+/// What the engine knows about one translation unit.
+class TuAnalysis {
+public:
+  /// The analysis of \p Ctx's translation unit, built on first use and freed
+  /// with the ASTContext.
+  static TuAnalysis &get(clang::ASTContext &Ctx);
+
+  explicit TuAnalysis(clang::ASTContext &Ctx);
+  ~TuAnalysis();
+
+  clang::ASTContext &context() const { return Ctx; }
+  const clang::SourceManager &sources() const;
+  const Rules &rules() const { return R; }
+  /// Kernel when the unit is compiled with __KERNEL__, else userspace.
+  Domain domain() const { return TuDomain; }
+
+  llvm::ArrayRef<const clang::FunctionDecl *> functions() const {
+    return Functions;
+  }
+  llvm::ArrayRef<ApiCall> calls() const { return Calls; }
+  llvm::ArrayRef<FieldStore> stores() const { return Stores; }
+
+  const FunctionModel *modelOf(const clang::CallExpr *CE) const;
+  FunctionFlow &flow(const clang::FunctionDecl *FD) const;
+  /// A value evaluator for expressions inside \p FD.
+  ValueEval values(const clang::FunctionDecl *FD) const;
+
+  /// The modelled struct of a record type (through pointers and typedefs).
+  const StructModel *structOf(clang::QualType T) const;
+  /// Role of a member access chain, with the object that owns the field.
+  /// `req->reg_wr.wr.opcode` -> (ib_send_wr model, "opcode", req.reg_wr.wr).
+  std::optional<FieldStore> classifyMember(const clang::Expr *LValue) const;
+  /// Same for a location (used for members set by braced initializers).
+  std::optional<FieldStore> classify(const Location &Target) const;
+
+  /// Where the result of a modelled call is stored (`ctx->mr = ibv_reg_mr(...)`).
+  std::optional<Location> resultOf(const clang::CallExpr *CE) const;
+  /// True when two locations, each read in its own function, name the same
+  /// storage: equal after alias resolution in one function, or reached
+  /// through pointers to the same struct field (same typeKey) across two.
+  bool sameStorage(const Location &L1, const clang::FunctionDecl *F1,
+                   const Location &L2, const clang::FunctionDecl *F2) const;
+  /// True when storage \p L1 (read in \p F1) lies inside \p L2 (in \p F2).
+  bool withinStorage(const Location &L1, const clang::FunctionDecl *F1,
+                     const Location &L2, const clang::FunctionDecl *F2) const;
+  /// Calls whose result is stored in \p Handle (registrations, allocations).
+  /// Helpers of this unit count: `mr = ulp_get_mr(c)` where ulp_get_mr
+  /// returns what ib_mr_pool_get() gave it.
+  std::vector<const ApiCall *> producersOf(const Location &Handle,
+                                           const clang::FunctionDecl *Where,
+                                           llvm::ArrayRef<Effect> Effects,
+                                           unsigned Depth = 0) const;
+  /// Modelled calls whose result \p FD returns.
+  std::vector<const ApiCall *> returnedProducers(const clang::FunctionDecl *FD,
+                                                 llvm::ArrayRef<Effect> Effects,
+                                                 unsigned Depth = 0) const;
+
+  /// A read of tracked storage: the expression and the function it is in.
+  struct Use {
+    const clang::Expr *E;
+    const clang::FunctionDecl *Fn;
+  };
+  /// Every expression in an analysed function that names \p Handle.
+  std::vector<Use> usesOf(const Location &Handle,
+                          const clang::FunctionDecl *Where) const;
+
+  /// Value of an enumerator declared in the unit, by name.
+  std::optional<int64_t> enumValue(llvm::StringRef Name) const;
+  /// Name of the enumerator of \p T's enum type with value \p V.
+  llvm::StringRef enumeratorName(clang::QualType T, int64_t V) const;
+
+  /// Access-flag bit of a flag name in the rules (e.g. local_write).
+  uint64_t accessBit(llvm::StringRef Flag) const;
+  /// Spelling of an access flag in this unit's API.
+  llvm::StringRef accessName(llvm::StringRef Flag) const;
+
+private:
+  void collect();
+  void collectFunction(const clang::FunctionDecl *FD);
+  void addInitStores(const clang::FunctionDecl *FD, const clang::Stmt *At,
+                     const Location &Object, clang::QualType T,
+                     const clang::Expr *Init);
+
+  clang::ASTContext &Ctx;
+  const Rules &R;
+  Domain TuDomain = Domain::Userspace;
+  std::vector<const clang::FunctionDecl *> Functions;
+  std::vector<ApiCall> Calls;
+  std::vector<FieldStore> Stores;
+  mutable llvm::DenseMap<const clang::FunctionDecl *,
+                         std::unique_ptr<FunctionFlow>>
+      Flows;
+  llvm::StringMap<uint64_t> AccessBits;
+  llvm::DenseMap<const clang::CallExpr *, Location> Results;
+  llvm::DenseMap<const clang::CallExpr *, const clang::FunctionDecl *> CallerOf;
+};
+
+/// The source location a diagnostic about \p E should use: where the user
+/// wrote it, even when \p E comes out of a macro from a system header.
+clang::SourceLocation userLoc(const clang::SourceManager &SM,
+                              clang::SourceLocation Loc);
+/// The user-written text range of \p E, or an invalid range when \p E is not
+/// a contiguous piece of the user's code (e.g. part of a macro body).
+clang::CharSourceRange userRange(const clang::ASTContext &Ctx,
+                                 const clang::Expr *E);
+/// Source text of \p E as written, for messages.
+std::string sourceText(const clang::ASTContext &Ctx, const clang::Expr *E);
+
+} // namespace ulplint
+
+#endif

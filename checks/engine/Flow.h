@@ -1,0 +1,176 @@
+//===- Flow.h - Locations, reaching definitions and value evaluation -*- C++ -*-===//
+//
+// The intra-procedural layer of the engine. A Location names storage the
+// analyses track (a variable, optionally followed by fields and array
+// elements); FunctionFlow computes, over Clang's CFG, which assignments reach
+// each point of a function; ValueEval evaluates flag-like integer
+// expressions to the set of values they may have there.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ULPLINT_ENGINE_FLOW_H
+#define ULPLINT_ENGINE_FLOW_H
+
+#include "clang/AST/Expr.h"
+#include "clang/Analysis/CFG.h"
+#include "llvm/ADT/BitVector.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SmallVector.h"
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace clang {
+class ParentMap;
+class FunctionDecl;
+} // namespace clang
+
+namespace ulplint {
+
+class TuAnalysis;
+
+/// Storage named by an lvalue expression: `req->reg_wr.wr.opcode`,
+/// `ctx->mws[i]`, `flags`. Array elements collapse to one location.
+struct Location {
+  struct Step {
+    const clang::FieldDecl *Field = nullptr; // null: array element
+    bool operator==(const Step &O) const { return Field == O.Field; }
+  };
+  const clang::ValueDecl *Root = nullptr;
+  llvm::SmallVector<Step, 4> Steps;
+
+  bool operator==(const Location &O) const {
+    return Root == O.Root && Steps == O.Steps;
+  }
+  /// True when this location is `Other` or lies inside it.
+  bool isWithin(const Location &Other) const;
+  /// Drop the last \p N steps.
+  Location prefix(size_t Len) const;
+  /// Readable spelling: "req->reg_wr.wr.opcode" is written "req.reg_wr.wr.opcode".
+  std::string str() const;
+  /// A key shared by every function that reaches this storage through a
+  /// pointer of the same type: "nvme_rdma_request.mr". Empty for storage
+  /// local to one function (a struct on the stack).
+  std::string typeKey() const;
+  /// Dotted field path after the root ("reg_wr.wr.opcode").
+  std::string fieldPath(size_t From = 0) const;
+};
+
+/// The location an lvalue-ish expression names, looking through parens,
+/// casts, `*p` and `&x`. Does not follow aliases (see FunctionFlow::resolve).
+std::optional<Location> locationOf(const clang::Expr *E);
+
+/// Strip parens, implicit and explicit casts.
+const clang::Expr *stripExpr(const clang::Expr *E);
+
+/// One assignment to a location inside a function.
+struct Def {
+  enum Kind {
+    Assign,   // L = V, or a declaration with an initializer
+    Compound, // L op= V
+    Increment,
+    Zero,     // memset(&L, 0, ...) or an implicitly zeroed member
+    Unknown,  // &L escaped to a call, or L declared without initializer
+  };
+  Kind K = Unknown;
+  Location Target;
+  const clang::Stmt *S = nullptr;      // the assignment / declaration / call
+  const clang::Expr *Value = nullptr;  // right-hand side or initializer
+  clang::BinaryOperatorKind Op = clang::BO_Assign;
+};
+
+/// Reaching definitions for the locations written in one function.
+class FunctionFlow {
+public:
+  FunctionFlow(const clang::FunctionDecl *FD, clang::ASTContext &Ctx);
+  ~FunctionFlow();
+
+  const clang::FunctionDecl *function() const { return FD; }
+  const clang::CFG *cfg() const { return Graph.get(); }
+  const clang::ParentMap &parents() const { return *PM; }
+  llvm::ArrayRef<Def> defs() const { return Defs; }
+
+  /// Definitions of \p L (or of storage containing it) that may reach \p At.
+  /// An empty result means the value comes from outside the function.
+  llvm::SmallVector<const Def *, 4> reaching(const Location &L,
+                                             const clang::Stmt *At) const;
+  /// Follows single-assignment local pointers: `mr` after `mr = req->mr`
+  /// resolves to `req.mr`.
+  Location resolve(Location L) const;
+  /// Every definition is reachable from \p From without passing \p Through?
+  bool reachableFrom(const clang::Stmt *From, const clang::Stmt *To) const;
+  /// The CFG block holding \p S (or its closest ancestor in the CFG).
+  const clang::CFGBlock *blockOf(const clang::Stmt *S) const;
+
+private:
+  void collectDefs();
+  void addDef(Def D);
+  void solve();
+  std::pair<const clang::CFGBlock *, unsigned> position(const clang::Stmt *S) const;
+
+  const clang::FunctionDecl *FD;
+  clang::ASTContext &Ctx;
+  std::unique_ptr<clang::CFG> Graph;
+  std::unique_ptr<clang::ParentMap> PM;
+  llvm::SmallVector<Def, 16> Defs;
+  llvm::DenseMap<const clang::Stmt *, llvm::SmallVector<unsigned, 1>> DefsAt;
+  llvm::DenseMap<const clang::Stmt *, std::pair<const clang::CFGBlock *, unsigned>>
+      Positions;
+  std::vector<llvm::BitVector> In; // per block ID
+  llvm::DenseMap<const clang::ValueDecl *, const Def *> SingleDef;
+};
+
+/// A set of possible values of a bit-flag expression. Each alternative knows
+/// the bits it surely sets and the bits it may set (unknown contributions).
+struct FlagAlt {
+  uint64_t Known = 0;
+  uint64_t Maybe = 0;
+  const clang::Stmt *Origin = nullptr;          // definition it came from
+  const clang::Expr *TransportTest = nullptr;   // chosen by a transport test
+  bool FromCoreHelper = false;                  // e.g. regcore_access_flags()
+
+  bool exact() const { return Maybe == 0; }
+  bool mayHave(uint64_t Bits) const { return (Known | Maybe) & Bits; }
+  bool has(uint64_t Bits) const { return (Known & Bits) == Bits; }
+};
+
+struct FlagSet {
+  llvm::SmallVector<FlagAlt, 4> Alts;
+  static FlagSet unknown(const clang::Stmt *Origin = nullptr);
+  static FlagSet constant(uint64_t V, const clang::Stmt *Origin = nullptr);
+  void add(const FlagSet &O);
+  bool empty() const { return Alts.empty(); }
+  /// First alternative chosen by a transport test, if any.
+  const FlagAlt *transportDependent() const;
+};
+
+/// Evaluates integer flag expressions inside one function.
+class ValueEval {
+public:
+  ValueEval(const TuAnalysis &A, const FunctionFlow &Flow)
+      : A(A), Flow(Flow) {}
+
+  FlagSet flags(const clang::Expr *E) const;
+  /// Value of \p L right after the definition(s) made by statement \p At.
+  FlagSet flagsAfter(const Location &L, const clang::Stmt *At) const;
+  /// The expression is (or reads a local computed from) a transport test.
+  const clang::Expr *transportTest(const clang::Expr *Cond) const;
+  /// The if-statement condition testing the transport that controls \p S.
+  const clang::Expr *controllingTransportTest(const clang::Stmt *S) const;
+  /// Integer constant value, if the expression folds.
+  std::optional<int64_t> constant(const clang::Expr *E) const;
+
+private:
+  FlagSet eval(const clang::Expr *E, unsigned Depth) const;
+  FlagSet evalDef(const Def &D, unsigned Depth) const;
+  FlagSet evalLocation(const clang::Stmt *Use, const Location &L,
+                       unsigned Depth) const;
+  FlagSet evalReaching(const Def &D, const Location &L, unsigned Depth) const;
+
+  const TuAnalysis &A;
+  const FunctionFlow &Flow;
+};
+
+} // namespace ulplint
+
+#endif

@@ -1,0 +1,101 @@
+//===- RdmaCheck.cpp - Base class of every rdma-* check -------------------===//
+
+#include "RdmaCheck.h"
+#include "clang/AST/ASTContext.h"
+#include "clang/ASTMatchers/ASTMatchFinder.h"
+#include "llvm/ADT/StringExtras.h"
+
+using namespace clang;
+using namespace clang::ast_matchers;
+
+namespace ulplint {
+
+// The RDMA core and the providers implement the verbs; checks about how a
+// ULP should use them do not apply there.
+static constexpr llvm::StringLiteral DefaultCoreFiles =
+    "drivers/infiniband/(core|hw|sw)/|regcore/src/|regcore/sim/";
+
+RdmaCheck::RdmaCheck(StringRef Name, tidy::ClangTidyContext *Context)
+    : ClangTidyCheck(Name, Context),
+      CoreFiles(Options.getLocalOrGlobal("CoreFiles", DefaultCoreFiles)),
+      CoreFilesRegex(CoreFiles) {}
+
+void RdmaCheck::storeOptions(tidy::ClangTidyOptions::OptionMap &Opts) {
+  Options.store(Opts, "CoreFiles", CoreFiles);
+}
+
+void RdmaCheck::registerMatchers(MatchFinder *Finder) {
+  Finder->addMatcher(translationUnitDecl().bind("tu"), this);
+}
+
+void RdmaCheck::check(const MatchFinder::MatchResult &Result) {
+  ASTContext &Ctx = *Result.Context;
+  if (ulpOnly() && !CoreFiles.empty()) {
+    const SourceManager &SM = Ctx.getSourceManager();
+    if (OptionalFileEntryRef Main = SM.getFileEntryRefForID(SM.getMainFileID()))
+      if (CoreFilesRegex.match(Main->getName()))
+        return;
+  }
+  run(TuAnalysis::get(Ctx));
+}
+
+DiagnosticBuilder RdmaCheck::report(const TuAnalysis &A, SourceLocation Loc,
+                                    StringRef Message) {
+  return diag(userLoc(A.sources(), Loc), Message);
+}
+
+DiagnosticBuilder RdmaCheck::note(const TuAnalysis &A, SourceLocation Loc,
+                                  StringRef Message) {
+  return diag(userLoc(A.sources(), Loc), Message, DiagnosticIDs::Note);
+}
+
+static bool needsParens(const Expr *E) {
+  E = E->IgnoreImpCasts();
+  if (const auto *BO = dyn_cast<BinaryOperator>(E))
+    return BO->getOpcode() > BO_Or; // &&, ||, ?:, assignments, comma
+  return isa<ConditionalOperator>(E) || isa<BinaryConditionalOperator>(E);
+}
+
+/// Text that is one operand whatever surrounds it: an identifier (a macro
+/// or enumerator), a number, a call or a parenthesized expression.
+static bool isAtom(StringRef Text) {
+  Text = Text.trim();
+  if (Text.empty())
+    return false;
+  if (llvm::all_of(Text, [](char C) { return llvm::isAlnum(C) || C == '_'; }))
+    return true;
+  if (!Text.ends_with(")"))
+    return false;
+  // The closing parenthesis must match the first opening one.
+  size_t Open = Text.find('(');
+  if (Open != 0 && !llvm::all_of(Text.take_front(Open), [](char C) {
+        return llvm::isAlnum(C) || C == '_';
+      }))
+    return false;
+  int Depth = 0;
+  for (size_t I = Open; I < Text.size(); ++I) {
+    Depth += Text[I] == '(' ? 1 : Text[I] == ')' ? -1 : 0;
+    if (Depth == 0 && I + 1 < Text.size())
+      return false;
+  }
+  return true;
+}
+
+std::string prependFlag(const ASTContext &Ctx, const Expr *E, StringRef Flag) {
+  std::string Text = sourceText(Ctx, E);
+  if (isAtom(Text) || !needsParens(E))
+    return (Flag + " | " + Text).str();
+  return (Flag + " | (" + Text + ")").str();
+}
+
+std::optional<FixItHint> addFlagFix(const ASTContext &Ctx, const Expr *E,
+                                    StringRef Flag) {
+  if (Flag.empty())
+    return std::nullopt;
+  CharSourceRange Range = userRange(Ctx, E);
+  if (Range.isInvalid() || sourceText(Ctx, E).empty())
+    return std::nullopt;
+  return FixItHint::CreateReplacement(Range, prependFlag(Ctx, E, Flag));
+}
+
+} // namespace ulplint

@@ -1,0 +1,54 @@
+//===- RdmaCheck.h - Base class of every rdma-* check -----------*- C++ -*-===//
+//
+// Checks do not register AST matchers of their own: each one reads the shared
+// TuAnalysis once per translation unit and reports from it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ULPLINT_ENGINE_RDMACHECK_H
+#define ULPLINT_ENGINE_RDMACHECK_H
+
+#include "Analysis.h"
+#include "clang-tidy/ClangTidyCheck.h"
+#include "llvm/Support/Regex.h"
+
+namespace ulplint {
+
+class RdmaCheck : public clang::tidy::ClangTidyCheck {
+public:
+  RdmaCheck(llvm::StringRef Name, clang::tidy::ClangTidyContext *Context);
+
+  void registerMatchers(clang::ast_matchers::MatchFinder *Finder) final;
+  void check(const clang::ast_matchers::MatchFinder::MatchResult &Result) final;
+  void storeOptions(clang::tidy::ClangTidyOptions::OptionMap &Opts) override;
+
+protected:
+  /// Report findings for one translation unit.
+  virtual void run(const TuAnalysis &A) = 0;
+  /// Checks that judge ULP code, not the RDMA core or providers, return true;
+  /// they stay silent in files matching the CoreFiles option.
+  virtual bool ulpOnly() const { return false; }
+
+  /// A warning at the place the user wrote \p Loc.
+  clang::DiagnosticBuilder report(const TuAnalysis &A, clang::SourceLocation Loc,
+                                  llvm::StringRef Message);
+  clang::DiagnosticBuilder note(const TuAnalysis &A, clang::SourceLocation Loc,
+                                llvm::StringRef Message);
+
+private:
+  std::string CoreFiles;
+  llvm::Regex CoreFilesRegex;
+};
+
+/// `Flag | <expr>` insertion text that keeps precedence right.
+std::string prependFlag(const clang::ASTContext &Ctx, const clang::Expr *E,
+                        llvm::StringRef Flag);
+/// A fix-it inserting \p Flag into the flags expression \p E, or an empty
+/// hint when \p E is not the user's own contiguous text.
+std::optional<clang::FixItHint> addFlagFix(const clang::ASTContext &Ctx,
+                                           const clang::Expr *E,
+                                           llvm::StringRef Flag);
+
+} // namespace ulplint
+
+#endif

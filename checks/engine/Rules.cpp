@@ -1,0 +1,401 @@
+//===- Rules.cpp - Parse the embedded rules/ YAML -------------------------===//
+
+#include "Rules.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSwitch.h"
+#include "llvm/Support/ErrorHandling.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/YAMLTraits.h"
+
+namespace ulplint {
+namespace {
+
+struct EmbeddedRuleFile {
+  const char *Path;
+  const char *Text;
+};
+#include "EmbeddedRules.inc"
+
+// Raw YAML shapes, mapped 1:1 from the files.
+struct RawFunction {
+  std::string Name;
+  std::vector<std::string> Match;
+  std::string Effect = "none";
+  std::string Opcode;
+  bool Core = false;
+  std::map<std::string, unsigned> Args;
+  std::vector<std::string> ImplicitAccess;
+  std::string Returns;
+};
+struct RawStruct {
+  std::string Name, Role, Base;
+  std::map<std::string, std::string> Fields;
+};
+struct RawDomainFile {
+  std::string Domain;
+  std::map<std::string, std::map<std::string, std::string>> Flags;
+  std::map<std::string, std::string> Opcodes;
+  std::vector<std::string> TransportConstants;
+  std::vector<RawStruct> Structs;
+  std::vector<RawFunction> Functions;
+};
+struct RawCatalog {
+  std::vector<RuleInfo> Checks;
+};
+
+} // namespace
+} // namespace ulplint
+
+LLVM_YAML_IS_SEQUENCE_VECTOR(ulplint::RawFunction)
+LLVM_YAML_IS_SEQUENCE_VECTOR(ulplint::RawStruct)
+LLVM_YAML_IS_SEQUENCE_VECTOR(ulplint::RuleInfo)
+
+namespace llvm::yaml {
+using namespace ulplint;
+
+template <typename V> struct CustomMappingTraits<std::map<std::string, V>> {
+  static void inputOne(IO &Io, StringRef Key, std::map<std::string, V> &M) {
+    Io.mapRequired(Key.str().c_str(), M[Key.str()]);
+  }
+  static void output(IO &Io, std::map<std::string, V> &M) {
+    for (auto &[K, Val] : M)
+      Io.mapRequired(K.c_str(), Val);
+  }
+};
+
+template <> struct MappingTraits<RawFunction> {
+  static void mapping(IO &Io, RawFunction &F) {
+    Io.mapRequired("name", F.Name);
+    Io.mapOptional("match", F.Match);
+    Io.mapRequired("effect", F.Effect);
+    Io.mapOptional("opcode", F.Opcode);
+    Io.mapOptional("core", F.Core);
+    Io.mapOptional("args", F.Args);
+    Io.mapOptional("implicit_access", F.ImplicitAccess);
+    Io.mapOptional("returns", F.Returns);
+  }
+};
+template <> struct MappingTraits<RawStruct> {
+  static void mapping(IO &Io, RawStruct &S) {
+    Io.mapRequired("name", S.Name);
+    Io.mapRequired("role", S.Role);
+    Io.mapOptional("base", S.Base);
+    Io.mapRequired("fields", S.Fields);
+  }
+};
+template <> struct MappingTraits<RawDomainFile> {
+  static void mapping(IO &Io, RawDomainFile &D) {
+    Io.mapRequired("domain", D.Domain);
+    Io.mapOptional("flags", D.Flags);
+    Io.mapOptional("opcodes", D.Opcodes);
+    Io.mapOptional("transport_constants", D.TransportConstants);
+    Io.mapOptional("structs", D.Structs);
+    Io.mapRequired("functions", D.Functions);
+  }
+};
+template <> struct MappingTraits<RuleInfo> {
+  static void mapping(IO &Io, RuleInfo &R) {
+    Io.mapRequired("name", R.Name);
+    Io.mapRequired("severity", R.Severity);
+    Io.mapRequired("category", R.Category);
+    Io.mapRequired("summary", R.Summary);
+    Io.mapRequired("rationale", R.Rationale);
+    Io.mapRequired("fix", R.Fix);
+    Io.mapRequired("doc", R.Doc);
+  }
+  static std::string validate(IO &, RuleInfo &R) {
+    if (R.Severity != "error" && R.Severity != "warning" && R.Severity != "note")
+      return "severity of " + R.Name + " must be error, warning or note";
+    return "";
+  }
+};
+template <> struct MappingTraits<RawCatalog> {
+  static void mapping(IO &Io, RawCatalog &C) {
+    Io.mapRequired("checks", C.Checks);
+  }
+};
+template <> struct MappingTraits<CompileFlagRules> {
+  static void mapping(IO &Io, CompileFlagRules &F) {
+    Io.mapOptional("drop", F.Drop);
+    Io.mapOptional("drop_prefix", F.DropPrefix);
+    Io.mapOptional("drop_with_value", F.DropWithValue);
+    Io.mapOptional("add", F.Add);
+  }
+};
+} // namespace llvm::yaml
+
+namespace ulplint {
+
+static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
+    {Effect::None, "none"},
+    {Effect::MrRegister, "mr.register"},
+    {Effect::MrReregister, "mr.reregister"},
+    {Effect::MrDeregister, "mr.deregister"},
+    {Effect::MrAlloc, "mr.alloc"},
+    {Effect::MrMap, "mr.map"},
+    {Effect::MrPoolInit, "mr.pool_init"},
+    {Effect::MrPoolGet, "mr.pool_get"},
+    {Effect::MrPoolPut, "mr.pool_put"},
+    {Effect::MrPoolDestroy, "mr.pool_destroy"},
+    {Effect::MwAlloc, "mw.alloc"},
+    {Effect::MwDealloc, "mw.dealloc"},
+    {Effect::MwBind, "mw.bind"},
+    {Effect::RkeyRotate, "rkey.rotate"},
+    {Effect::RkeyIncrement, "rkey.increment"},
+    {Effect::PdAlloc, "pd.alloc"},
+    {Effect::PostSend, "post.send"},
+    {Effect::PostRecv, "post.recv"},
+    {Effect::PostCm, "post.cm"},
+    {Effect::WrxStart, "wrx.start"},
+    {Effect::WrxOp, "wrx.op"},
+    {Effect::WrxSge, "wrx.sge"},
+    {Effect::WrxComplete, "wrx.complete"},
+    {Effect::WrxAbort, "wrx.abort"},
+    {Effect::QpCreate, "qp.create"},
+    {Effect::QpDrain, "qp.drain"},
+    {Effect::DeviceQuery, "device.query"},
+    {Effect::TransportQuery, "transport.query"},
+    {Effect::DmaMap, "dma.map"},
+    {Effect::DmaUnmap, "dma.unmap"},
+    {Effect::BufferFree, "buffer.free"},
+    {Effect::RwInit, "rw.init"},
+    {Effect::RwWrs, "rw.wrs"},
+    {Effect::RwPost, "rw.post"},
+    {Effect::RwDestroy, "rw.destroy"},
+    {Effect::RwMrFactor, "rw.mr_factor"},
+    {Effect::RwMaxSendWr, "rw.max_send_wr"},
+    {Effect::CoreAccessFlags, "core.access_flags"},
+    {Effect::CoreRegInit, "core.reg_init"},
+    {Effect::CoreRegRelease, "core.reg_release"},
+    {Effect::CoreMrGet, "core.mr_get"},
+    {Effect::CoreMrPut, "core.mr_put"},
+};
+
+static constexpr std::pair<Opcode, llvm::StringLiteral> OpcodeNames[] = {
+    {Opcode::Unknown, "unknown"},
+    {Opcode::Send, "send"},
+    {Opcode::SendWithInv, "send_with_inv"},
+    {Opcode::RdmaWrite, "rdma_write"},
+    {Opcode::RdmaRead, "rdma_read"},
+    {Opcode::RdmaReadWithInv, "rdma_read_with_inv"},
+    {Opcode::Atomic, "atomic"},
+    {Opcode::LocalInv, "local_inv"},
+    {Opcode::BindMw, "bind_mw"},
+    {Opcode::RegMr, "reg_mr"},
+    {Opcode::Other, "other"},
+};
+
+llvm::StringRef effectName(Effect E) {
+  for (const auto &[Value, Name] : EffectNames)
+    if (Value == E)
+      return Name;
+  llvm_unreachable("effect without a name");
+}
+
+llvm::StringRef opcodeName(Opcode O) {
+  for (const auto &[Value, Name] : OpcodeNames)
+    if (Value == O)
+      return Name;
+  llvm_unreachable("opcode without a name");
+}
+
+template <typename T, size_t N>
+static std::optional<T>
+lookupName(const std::pair<T, llvm::StringLiteral> (&Table)[N],
+           llvm::StringRef Name) {
+  for (const auto &[Value, Spelling] : Table)
+    if (Spelling == Name)
+      return Value;
+  return std::nullopt;
+}
+
+std::optional<unsigned> FunctionModel::arg(llvm::StringRef Role) const {
+  auto It = Args.find(Role.str());
+  if (It == Args.end())
+    return std::nullopt;
+  return It->second;
+}
+
+struct RulesBuilder {
+  Rules &R;
+  std::string File;
+
+  llvm::Error fail(const llvm::Twine &Msg) {
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   File + ": " + Msg);
+  }
+
+  template <typename T> llvm::Error read(llvm::StringRef Text, T &Out) {
+    std::string Diag;
+    llvm::yaml::Input In(Text, nullptr, [](const llvm::SMDiagnostic &D,
+                                           void *Ctx) {
+      *static_cast<std::string *>(Ctx) = D.getMessage().str() + " at line " +
+                                         std::to_string(D.getLineNo());
+    }, &Diag);
+    In >> Out;
+    if (In.error())
+      return fail(Diag.empty() ? "malformed YAML" : Diag);
+    return llvm::Error::success();
+  }
+
+  llvm::Error addDomainFile(llvm::StringRef Text) {
+    RawDomainFile Raw;
+    if (auto E = read(Text, Raw))
+      return E;
+    std::optional<Domain> D =
+        llvm::StringSwitch<std::optional<Domain>>(Raw.Domain)
+            .Case("userspace", Domain::Userspace)
+            .Case("kernel", Domain::Kernel)
+            .Case("regcore", Domain::Regcore)
+            .Default(std::nullopt);
+    if (!D)
+      return fail("unknown domain '" + Raw.Domain + "'");
+    DomainModel &DM = R.Domains[static_cast<size_t>(*D)];
+    DM.D = *D;
+    DM.Flags = Raw.Flags;
+    DM.TransportConstants = Raw.TransportConstants;
+    for (auto &[Family, Flags] : Raw.Flags)
+      for (auto &[Flag, Enumerator] : Flags)
+        R.FlagIndex[Enumerator] = {Family, Flag};
+    for (auto &[Enumerator, Name] : Raw.Opcodes) {
+      std::optional<Opcode> Op = lookupName(OpcodeNames, Name);
+      if (!Op)
+        return fail("unknown opcode '" + Name + "' for " + Enumerator);
+      DM.Opcodes[Enumerator] = Name;
+      R.OpcodeIndex[Enumerator] = *Op;
+    }
+    for (RawStruct &S : Raw.Structs)
+      addStruct(*D, S);
+    for (RawFunction &F : Raw.Functions)
+      if (auto E = addFunction(*D, F))
+        return E;
+    return llvm::Error::success();
+  }
+
+  void addStruct(Domain D, RawStruct &S) {
+    StructModel M{S.Name, D, S.Role, S.Base, S.Fields};
+    R.StructIndex[S.Name] = R.Structs.size();
+    R.Structs.push_back(std::move(M));
+  }
+
+  llvm::Error addFunction(Domain D, RawFunction &F) {
+    std::optional<Effect> E = lookupName(EffectNames, F.Effect);
+    if (!E)
+      return fail("unknown effect '" + F.Effect + "' for " + F.Name);
+    FunctionModel M;
+    M.Name = F.Name;
+    M.D = D;
+    M.E = *E;
+    M.CoreManaged = F.Core;
+    M.Args = F.Args;
+    M.ImplicitAccess = F.ImplicitAccess;
+    M.Returns = F.Returns;
+    if (!F.Opcode.empty()) {
+      std::optional<Opcode> Op = lookupName(OpcodeNames, F.Opcode);
+      if (!Op)
+        return fail("unknown opcode '" + F.Opcode + "' for " + F.Name);
+      M.Op = *Op;
+    }
+    // The same name may be modelled by two domains (rdma_create_qp exists in
+    // the kernel and in librdmacm); the first wins, and both must agree.
+    size_t Index = R.Functions.size();
+    R.Functions.push_back(std::move(M));
+    R.FunctionIndex.try_emplace(F.Name, Index);
+    for (const std::string &Alias : F.Match)
+      R.FunctionIndex.try_emplace(Alias, Index);
+    return llvm::Error::success();
+  }
+};
+
+llvm::Expected<std::unique_ptr<Rules>>
+Rules::parse(llvm::ArrayRef<std::pair<std::string, std::string>> NamedFiles) {
+  auto R = std::make_unique<Rules>();
+  R->Domains.resize(3);
+  for (const auto &[Path, Text] : NamedFiles) {
+    RulesBuilder B{*R, Path};
+    llvm::StringRef Name(Path);
+    llvm::Error E = llvm::Error::success();
+    if (Name.ends_with("catalog.yaml")) {
+      RawCatalog C;
+      E = B.read(Text, C);
+      for (RuleInfo &Info : C.Checks)
+        R->Catalog.push_back(std::move(Info));
+    } else if (Name.ends_with("compile-flags.yaml")) {
+      E = B.read(Text, R->Flags);
+    } else {
+      E = B.addDomainFile(Text);
+    }
+    if (E)
+      return std::move(E);
+  }
+  return std::move(R);
+}
+
+const Rules &Rules::embedded() {
+  static const Rules *Instance = [] {
+    std::vector<std::pair<std::string, std::string>> Files;
+    for (const EmbeddedRuleFile &F : EmbeddedRuleFiles)
+      Files.emplace_back(F.Path, F.Text);
+    auto Parsed = parse(Files);
+    if (!Parsed)
+      llvm::report_fatal_error(llvm::Twine("ulplint: embedded rules: ") +
+                               llvm::toString(Parsed.takeError()));
+    return Parsed->release();
+  }();
+  return *Instance;
+}
+
+const FunctionModel *Rules::function(llvm::StringRef Name) const {
+  auto It = FunctionIndex.find(Name);
+  return It == FunctionIndex.end() ? nullptr : &Functions[It->second];
+}
+
+const StructModel *Rules::structure(llvm::StringRef RecordName) const {
+  auto It = StructIndex.find(RecordName);
+  return It == StructIndex.end() ? nullptr : &Structs[It->second];
+}
+
+const DomainModel &Rules::domain(Domain D) const {
+  return Domains[static_cast<size_t>(D)];
+}
+
+std::optional<Opcode> Rules::opcodeOf(llvm::StringRef Enumerator) const {
+  auto It = OpcodeIndex.find(Enumerator);
+  if (It == OpcodeIndex.end())
+    return std::nullopt;
+  return It->second;
+}
+
+std::optional<std::pair<std::string, std::string>>
+Rules::flagOf(llvm::StringRef Enumerator) const {
+  auto It = FlagIndex.find(Enumerator);
+  if (It == FlagIndex.end())
+    return std::nullopt;
+  return It->second;
+}
+
+llvm::StringRef Rules::flagName(Domain D, llvm::StringRef Family,
+                                llvm::StringRef Flag) const {
+  const auto &Families = domain(D).Flags;
+  auto F = Families.find(Family.str());
+  if (F == Families.end())
+    return {};
+  auto It = F->second.find(Flag.str());
+  return It == F->second.end() ? llvm::StringRef() : It->second;
+}
+
+bool Rules::isTransportConstant(llvm::StringRef Enumerator) const {
+  for (const DomainModel &D : Domains)
+    if (llvm::is_contained(D.TransportConstants, Enumerator))
+      return true;
+  return false;
+}
+
+const RuleInfo *Rules::rule(llvm::StringRef CheckName) const {
+  for (const RuleInfo &R : Catalog)
+    if (R.Name == CheckName)
+      return &R;
+  return nullptr;
+}
+
+} // namespace ulplint

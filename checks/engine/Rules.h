@@ -1,0 +1,181 @@
+//===- Rules.h - The embedded rule catalog and API models -------*- C++ -*-===//
+//
+// Knowledge lives in rules/*.yaml; this is the typed view of it. The
+// vocabulary (effects, opcodes, roles) is code because the analyses interpret
+// it; which function, enumerator or field has which meaning is data.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ULPLINT_ENGINE_RULES_H
+#define ULPLINT_ENGINE_RULES_H
+
+#include "llvm/ADT/StringMap.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ulplint {
+
+enum class Domain { Userspace, Kernel, Regcore };
+
+/// What a call does. Names in the YAML: see effectName().
+enum class Effect {
+  None,
+  MrRegister,    // returns an MR valid at once with the given access
+  MrReregister,  // changes an MR's access
+  MrDeregister,
+  MrAlloc,       // allocates a fast-registration MR (no rights until REG_MR)
+  MrMap,         // maps pages into an allocated MR
+  MrPoolInit,
+  MrPoolGet,
+  MrPoolPut,
+  MrPoolDestroy,
+  MwAlloc,
+  MwDealloc,
+  MwBind,        // ibv_bind_mw: type-1 window bind through the QP
+  RkeyRotate,    // ib_update_fast_reg_key
+  RkeyIncrement, // ib_inc_rkey / ibv_inc_rkey
+  PdAlloc,
+  PostSend,
+  PostRecv,
+  PostCm,        // librdmacm rdma_post_* helpers: build and post one WR
+  WrxStart,
+  WrxOp,
+  WrxSge,
+  WrxComplete,
+  WrxAbort,
+  QpCreate,
+  QpDrain,
+  DeviceQuery,
+  TransportQuery,
+  DmaMap,
+  DmaUnmap,
+  BufferFree,
+  RwInit,
+  RwWrs,
+  RwPost,
+  RwDestroy,
+  RwMrFactor,
+  RwMaxSendWr,
+  CoreAccessFlags,
+  CoreRegInit,
+  CoreRegRelease,
+  CoreMrGet,
+  CoreMrPut,
+};
+
+/// What a work request does, independent of the API's spelling.
+enum class Opcode {
+  Unknown,
+  Send,
+  SendWithInv,
+  RdmaWrite,
+  RdmaRead,
+  RdmaReadWithInv,
+  Atomic,
+  LocalInv,
+  BindMw,
+  RegMr,
+  Other,
+};
+
+llvm::StringRef effectName(Effect E);
+llvm::StringRef opcodeName(Opcode O);
+
+struct FunctionModel {
+  std::string Name;
+  Domain D = Domain::Userspace;
+  Effect E = Effect::None;
+  Opcode Op = Opcode::Unknown;
+  bool CoreManaged = false;
+  std::map<std::string, unsigned> Args; // role -> argument index
+  std::vector<std::string> ImplicitAccess; // flags the call adds by itself
+  std::string Returns;
+
+  std::optional<unsigned> arg(llvm::StringRef Role) const;
+};
+
+struct StructModel {
+  std::string Name;
+  Domain D = Domain::Userspace;
+  std::string Role;
+  std::string Base; // embedded base member, e.g. "wr" in ib_reg_wr
+  std::map<std::string, std::string> Fields; // dotted path -> role
+};
+
+/// One API surface (userspace verbs, kernel verbs, regcore).
+struct DomainModel {
+  Domain D = Domain::Userspace;
+  /// family ("access", "send", ...) -> flag ("local_write") -> enumerator.
+  std::map<std::string, std::map<std::string, std::string>> Flags;
+  std::map<std::string, std::string> Opcodes; // enumerator -> opcode name
+  std::vector<std::string> TransportConstants;
+};
+
+struct RuleInfo {
+  std::string Name;
+  std::string Severity; // error | warning | note
+  std::string Category;
+  std::string Summary;
+  std::string Rationale;
+  std::string Fix;
+  std::string Doc;
+};
+
+struct CompileFlagRules {
+  std::vector<std::string> Drop;
+  std::vector<std::string> DropPrefix;
+  std::vector<std::string> DropWithValue;
+  std::vector<std::string> Add;
+};
+
+/// The parsed rules/ directory. Immutable and shared by all threads.
+class Rules {
+public:
+  /// The rules embedded at build time. Aborts with a message if the embedded
+  /// YAML is malformed (a build defect the test suite catches).
+  static const Rules &embedded();
+  /// Parses rule files from memory; used by embedded() and by tests of
+  /// malformed input.
+  static llvm::Expected<std::unique_ptr<Rules>>
+  parse(llvm::ArrayRef<std::pair<std::string, std::string>> NamedFiles);
+
+  const FunctionModel *function(llvm::StringRef Name) const;
+  const StructModel *structure(llvm::StringRef RecordName) const;
+  const DomainModel &domain(Domain D) const;
+  /// Semantic opcode of a WR opcode enumerator of any domain.
+  std::optional<Opcode> opcodeOf(llvm::StringRef Enumerator) const;
+  /// (family, flag) of an enumerator such as IBV_ACCESS_LOCAL_WRITE.
+  std::optional<std::pair<std::string, std::string>>
+  flagOf(llvm::StringRef Enumerator) const;
+  /// Spelling of a flag in a domain, e.g. (Kernel, access, local_write).
+  llvm::StringRef flagName(Domain D, llvm::StringRef Family,
+                           llvm::StringRef Flag) const;
+  bool isTransportConstant(llvm::StringRef Enumerator) const;
+
+  const std::vector<RuleInfo> &catalog() const { return Catalog; }
+  const RuleInfo *rule(llvm::StringRef CheckName) const;
+  const CompileFlagRules &compileFlags() const { return Flags; }
+  const std::vector<FunctionModel> &functions() const { return Functions; }
+
+private:
+  std::vector<FunctionModel> Functions;
+  llvm::StringMap<size_t> FunctionIndex; // name or match alias -> Functions
+  std::vector<StructModel> Structs;
+  llvm::StringMap<size_t> StructIndex;
+  std::vector<DomainModel> Domains; // indexed by Domain
+  llvm::StringMap<Opcode> OpcodeIndex;
+  llvm::StringMap<std::pair<std::string, std::string>> FlagIndex;
+  std::vector<RuleInfo> Catalog;
+  CompileFlagRules Flags;
+
+  friend struct RulesBuilder;
+};
+
+} // namespace ulplint
+
+#endif

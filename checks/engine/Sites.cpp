@@ -1,0 +1,239 @@
+//===- Sites.cpp - Places where the analyses' questions are asked ---------===//
+
+#include "Sites.h"
+#include "clang/AST/Expr.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+static constexpr const char *AccessFlagNames[] = {
+    "local_write", "remote_write",  "remote_read", "remote_atomic",
+    "mw_bind",     "zero_based",    "on_demand"};
+
+uint64_t accessBit(const TuAnalysis &A, StringRef Flag) {
+  return A.accessBit(Flag);
+}
+
+std::string accessNames(const TuAnalysis &A, Domain D, uint64_t Bits) {
+  std::string Out;
+  for (const char *Flag : AccessFlagNames) {
+    uint64_t Bit = A.accessBit(Flag);
+    if (!Bit || !(Bits & Bit))
+      continue;
+    if (!Out.empty())
+      Out += " | ";
+    Out += A.rules().flagName(D, "access", Flag).str();
+  }
+  return Out;
+}
+
+/// The member of the same object that has \p Role, stored in \p Fn.
+static const FieldStore *sibling(const TuAnalysis &A, const FieldStore &S,
+                                 StringRef Role) {
+  const FieldStore *Found = nullptr;
+  for (const FieldStore &O : A.stores())
+    if (O.Role == Role &&
+        A.sameStorage(O.Object, O.Fn, S.Object, S.Fn))
+      Found = &O;
+  return Found;
+}
+
+/// Only the last store to a field on a path matters: `access = A` followed
+/// by `access |= B` is one request for A|B.
+static bool isFinalStore(const TuAnalysis &A, const FieldStore &S,
+                         llvm::ArrayRef<FieldStore> All) {
+  const FunctionFlow &Flow = A.flow(S.Fn);
+  for (const FieldStore &O : All)
+    if (&O != &S && O.Fn == S.Fn && O.At != S.At &&
+        Flow.resolve(O.Target) == Flow.resolve(S.Target) &&
+        Flow.reachableFrom(S.At, O.At))
+      return false;
+  return true;
+}
+
+static std::optional<Location> regionOf(const TuAnalysis &A,
+                                        const FieldStore *MrStore) {
+  if (!MrStore || !MrStore->Value)
+    return std::nullopt;
+  return locationOf(MrStore->Value);
+}
+
+std::vector<AccessSite> accessSites(const TuAnalysis &A) {
+  std::vector<AccessSite> Sites;
+  for (const ApiCall &C : A.calls()) {
+    Effect E = C.Model->E;
+    bool IsReg = E == Effect::MrRegister || E == Effect::MrReregister;
+    bool IsKey = E == Effect::WrxOp && C.Model->Op == Opcode::RegMr;
+    if (!IsReg && !IsKey)
+      continue;
+    AccessSite S;
+    S.K = IsReg ? AccessSite::Registration : AccessSite::DeviceKey;
+    S.Fn = C.Caller;
+    S.Call = &C;
+    S.D = A.domain();
+    S.What = C.Model->Name;
+    S.Loc = C.Call->getBeginLoc();
+    S.Flags = C.arg("access");
+    ValueEval VE = A.values(C.Caller);
+    if (S.Flags) {
+      S.Value = VE.flags(S.Flags);
+    } else {
+      if (C.Model->ImplicitAccess.empty())
+        continue;
+      uint64_t Bits = 0;
+      for (const std::string &Flag : C.Model->ImplicitAccess)
+        Bits |= A.accessBit(Flag);
+      S.Value = FlagSet::constant(Bits, C.Call);
+    }
+    if (IsReg)
+      S.Region = A.resultOf(C.Call);
+    else if (const Expr *Key = C.arg("mkey"))
+      S.Region = locationOf(Key);
+    Sites.push_back(std::move(S));
+  }
+  for (const FieldStore &FS : A.stores()) {
+    bool Fast = FS.Role == "access";
+    bool Bind = FS.Role == "bind_access";
+    if ((!Fast && !Bind) || !isFinalStore(A, FS, A.stores()))
+      continue;
+    AccessSite S;
+    S.K = Fast ? AccessSite::FastReg : AccessSite::WindowBind;
+    S.Fn = FS.Fn;
+    S.Store = &FS;
+    S.D = FS.Struct->D;
+    S.What = Fast ? "IB_WR_REG_MR" : "memory window bind";
+    S.Loc = FS.Spelling->getBeginLoc();
+    S.Flags = FS.Value;
+    S.Value = A.values(FS.Fn).flagsAfter(A.flow(FS.Fn).resolve(FS.Target),
+                                         FS.At);
+    S.Region = regionOf(A, sibling(A, FS, Fast ? "reg_mr" : "bind_mr"));
+    Sites.push_back(std::move(S));
+  }
+  return Sites;
+}
+
+std::vector<const AccessSite *> rightsOf(const TuAnalysis &A,
+                                         llvm::ArrayRef<AccessSite> Sites,
+                                         const Location &Region,
+                                         const FunctionDecl *Fn) {
+  std::vector<const ApiCall *> Producers =
+      A.producersOf(Region, Fn, {Effect::MrRegister});
+  std::vector<const AccessSite *> Found;
+  for (const AccessSite &S : Sites) {
+    bool Produces = S.K == AccessSite::Registration &&
+                    llvm::is_contained(Producers, S.Call);
+    bool FastRegisters = S.K == AccessSite::FastReg && S.Region &&
+                         A.sameStorage(*S.Region, S.Fn, Region, Fn);
+    if (Produces || FastRegisters)
+      Found.push_back(&S);
+  }
+  if (llvm::any_of(Found, [&](const AccessSite *S) { return S->Fn == Fn; }))
+    llvm::erase_if(Found, [&](const AccessSite *S) { return S->Fn != Fn; });
+  return Found;
+}
+
+llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,
+                                       const FieldStore &S) {
+  llvm::SmallVector<Opcode, 2> Ops;
+  if (S.Target.Steps.empty() || !S.Target.Steps.back().Field)
+    return Ops;
+  QualType FieldType = S.Target.Steps.back().Field->getType();
+  FlagSet V = A.values(S.Fn).flagsAfter(A.flow(S.Fn).resolve(S.Target), S.At);
+  for (const FlagAlt &Alt : V.Alts) {
+    if (!Alt.exact())
+      continue;
+    StringRef Name = A.enumeratorName(FieldType, static_cast<int64_t>(Alt.Known));
+    if (std::optional<Opcode> Op = A.rules().opcodeOf(Name))
+      if (!llvm::is_contained(Ops, *Op))
+        Ops.push_back(*Op);
+  }
+  return Ops;
+}
+
+/// What an lkey value names: `mr->lkey` -> mr; `pd->local_dma_lkey` -> DMA.
+static void addressSink(const TuAnalysis &A, const FunctionDecl *Fn,
+                        const Expr *Lkey, ReadSink &Sink) {
+  std::optional<Location> L = locationOf(Lkey);
+  if (!L || L->Steps.empty())
+    return;
+  if (std::optional<FieldStore> Member = A.classify(*L)) {
+    if (Member->Role == "local_dma_lkey") {
+      Sink.LocalDmaLkey = true;
+      return;
+    }
+    if (Member->Role == "lkey" && Member->Struct->Role == "mr") {
+      Sink.Region = Member->Object;
+      Sink.RegionFn = Fn;
+    }
+  }
+}
+
+/// SGE lkeys stored into the scatter list a work request points at.
+static void sinksOfSgList(const TuAnalysis &A, const FunctionDecl *Fn,
+                          const Expr *SgList, ReadSink Proto,
+                          std::vector<ReadSink> &Out) {
+  std::optional<Location> Sg = locationOf(SgList);
+  if (!Sg)
+    return;
+  for (const FieldStore &L : A.stores()) {
+    if (L.Role != "lkey" || !L.Value ||
+        !A.withinStorage(L.Object, L.Fn, *Sg, Fn))
+      continue;
+    ReadSink Sink = Proto;
+    addressSink(A, L.Fn, L.Value, Sink);
+    if (Sink.Region || Sink.LocalDmaLkey)
+      Out.push_back(Sink);
+  }
+}
+
+std::vector<ReadSink> readSinks(const TuAnalysis &A) {
+  std::vector<ReadSink> Out;
+  // Work requests built field by field.
+  for (const FieldStore &S : A.stores()) {
+    if (S.Role != "opcode" || !llvm::is_contained(opcodesOf(A, S), Opcode::RdmaRead))
+      continue;
+    for (const FieldStore &List : A.stores())
+      if (List.Role == "sg_list" && List.Value &&
+          A.sameStorage(List.Object, List.Fn, S.Object, S.Fn))
+        sinksOfSgList(A, List.Fn, List.Value,
+                      {S.Fn, S.Spelling->getBeginLoc(), std::nullopt, nullptr,
+                       false},
+                      Out);
+  }
+  // librdmacm helpers and the extended post API.
+  const ApiCall *PendingRead = nullptr;
+  for (const ApiCall &C : A.calls()) {
+    ReadSink Proto{C.Caller, C.Call->getBeginLoc(), std::nullopt, nullptr, false};
+    if (C.Model->E == Effect::PostCm && C.Model->Op == Opcode::RdmaRead) {
+      if (const Expr *Mr = C.arg("mr")) {
+        Proto.Region = locationOf(Mr);
+        Proto.RegionFn = C.Caller;
+        if (Proto.Region)
+          Out.push_back(Proto);
+      } else if (const Expr *Sgl = C.arg("sgl")) {
+        sinksOfSgList(A, C.Caller, Sgl, Proto, Out);
+      }
+      continue;
+    }
+    if (C.Model->E == Effect::WrxOp) {
+      PendingRead = C.Model->Op == Opcode::RdmaRead ? &C : nullptr;
+      continue;
+    }
+    if (C.Model->E == Effect::WrxSge && PendingRead &&
+        PendingRead->Caller == C.Caller) {
+      Proto.ReadLoc = PendingRead->Call->getBeginLoc();
+      if (const Expr *Lkey = C.arg("lkey")) {
+        addressSink(A, C.Caller, Lkey, Proto);
+        if (Proto.Region || Proto.LocalDmaLkey)
+          Out.push_back(Proto);
+      } else if (const Expr *List = C.arg("sg_list")) {
+        sinksOfSgList(A, C.Caller, List, Proto, Out);
+      }
+      PendingRead = nullptr;
+    }
+  }
+  return Out;
+}
+
+} // namespace ulplint

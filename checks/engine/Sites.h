@@ -1,0 +1,73 @@
+//===- Sites.h - Places where the analyses' questions are asked -*- C++ -*-===//
+//
+// Derived facts several checks share: where access rights are requested,
+// which memory region a work request or bind names.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ULPLINT_ENGINE_SITES_H
+#define ULPLINT_ENGINE_SITES_H
+
+#include "Analysis.h"
+
+namespace ulplint {
+
+/// A place that requests access rights for memory.
+struct AccessSite {
+  enum Kind {
+    Registration, // ibv_reg_mr and variants, rdma_reg_*
+    FastReg,      // IB_WR_REG_MR: ib_reg_wr.access
+    WindowBind,   // memory window bind: mw_access_flags / ibv_wr_bind_mw
+    DeviceKey,    // mlx5dv_wr_mr_list / _interleaved
+  };
+  Kind K = Registration;
+  const clang::FunctionDecl *Fn = nullptr;
+  /// The flags expression as written (argument or stored value); null when
+  /// the flags are implied by the call (rdma_reg_write).
+  const clang::Expr *Flags = nullptr;
+  clang::SourceLocation Loc;
+  FlagSet Value;
+  const ApiCall *Call = nullptr;
+  const FieldStore *Store = nullptr;
+  Domain D = Domain::Userspace;
+  /// The API named in messages: "ibv_reg_mr", "IB_WR_REG_MR", ...
+  std::string What;
+  /// The memory region whose rights these are (the call's result, the
+  /// reg_wr.mr / bind_info.mr member), when known.
+  std::optional<Location> Region;
+};
+
+std::vector<AccessSite> accessSites(const TuAnalysis &A);
+
+/// The opcodes a store into a work request's opcode field may write.
+llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,
+                                       const FieldStore &OpcodeStore);
+
+/// Local memory that receives an RDMA READ.
+struct ReadSink {
+  const clang::FunctionDecl *Fn = nullptr;
+  clang::SourceLocation ReadLoc;          // where the READ is built or posted
+  std::optional<Location> Region;         // the MR whose lkey addresses it
+  const clang::FunctionDecl *RegionFn = nullptr; // function naming Region
+  bool LocalDmaLkey = false;              // addressed with pd->local_dma_lkey
+};
+std::vector<ReadSink> readSinks(const TuAnalysis &A);
+
+/// The sites that give the memory region stored in \p Region (as named in
+/// \p Fn) its rights: registrations whose result lands there, directly or
+/// through a helper's return value, and fast registrations of that MR. A
+/// registration in \p Fn itself is preferred over ones elsewhere.
+std::vector<const AccessSite *> rightsOf(const TuAnalysis &A,
+                                         llvm::ArrayRef<AccessSite> Sites,
+                                         const Location &Region,
+                                         const clang::FunctionDecl *Fn);
+
+/// Spelled names of the access bits set in \p Bits: "IBV_ACCESS_REMOTE_WRITE".
+std::string accessNames(const TuAnalysis &A, Domain D, uint64_t Bits);
+/// Access bit of \p Flag ("local_write") in \p D's spelling, taken from the
+/// unit's own enumerators.
+uint64_t accessBit(const TuAnalysis &A, llvm::StringRef Flag);
+
+} // namespace ulplint
+
+#endif

@@ -1,0 +1,17 @@
+# Writes OUT: a C++ fragment defining the embedded rule files as raw strings.
+# Inputs: BASE (directory), FILES (comma-separated, relative to BASE).
+string(REPLACE "," ";" FILES "${FILES}")
+set(body "// Generated from rules/ by cmake/EmbedRules.cmake. Do not edit.\n")
+string(APPEND body "static const EmbeddedRuleFile EmbeddedRuleFiles[] = {\n")
+foreach(f ${FILES})
+  file(READ ${BASE}/${f} text)
+  string(FIND "${text}" ")ulplint_rules\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "${f} contains the raw-string delimiter")
+  endif()
+  string(APPEND body "  {\"${f}\", R\"ulplint_rules(${text})ulplint_rules\"},\n")
+endforeach()
+string(APPEND body "};\n")
+file(WRITE ${OUT}.tmp "${body}")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)
+file(REMOVE ${OUT}.tmp)

@@ -1,0 +1,42 @@
+# lit configuration for the ulplint test suite.
+import os
+import shlex
+import sys
+
+import lit.formats
+
+config.name = "ulplint"
+config.test_format = lit.formats.ShTest(execute_external=False)
+config.suffixes = [".c", ".cpp", ".test"]
+config.excludes = ["Inputs", "example", "bench", "check_ulplint.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.ulplint_obj_root, "testsuite")
+
+src = config.ulplint_src_root
+obj = config.ulplint_obj_root
+ulplint = os.path.join(obj, "tool", "ulplint")
+plugin = os.path.join(obj, "tool", "libulplint-tidy.so")
+python = shlex.quote(sys.executable)
+check = os.path.join(src, "testsuite", "check_ulplint.py")
+kernel_include = os.path.join(src, "testsuite", "Inputs", "kernel", "include")
+
+config.environment["PATH"] = os.pathsep.join(
+    [config.llvm_tools_dir, os.path.join(obj, "tool"), config.environment.get("PATH", "")])
+for var in ("HOME", "TMPDIR"):
+    if var in os.environ:
+        config.environment[var] = os.environ[var]
+
+common = "--ulplint %s --plugin %s --clang %s --clang-tidy %s --kernel-include %s" % (
+    ulplint, plugin, config.clang, config.clang_tidy, kernel_include)
+config.substitutions.append(("%check_ulplint", "%s %s %s" % (python, check, common)))
+config.substitutions.append(("%ulplint", ulplint))
+config.substitutions.append(("%plugin", plugin))
+config.substitutions.append(("%clang_tidy", config.clang_tidy))
+config.substitutions.append(("%clang", config.clang))
+config.substitutions.append(("%kernel_include", kernel_include))
+config.substitutions.append(("%python", python))
+config.substitutions.append(("%srcroot", src))
+config.substitutions.append(("%bindir", obj))
+
+if config.regcore_built:
+    config.available_features.add("regcore")

@@ -1,0 +1,311 @@
+//===- Driver.cpp - Running the rdma checks over a compile database -------===//
+//
+// clang-tidy's own engine (ClangTidyASTConsumerFactory, the diagnostic
+// consumer with NOLINT handling and fix-it merging) runs the checks; this
+// file supplies compile commands, configuration and parallelism.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Driver.h"
+#include "engine/Rules.h"
+#include "clang-tidy/ClangTidy.h"
+#include "clang-tidy/ClangTidyModule.h"
+#include "clang/Frontend/CompilerInstance.h"
+#include "clang/Frontend/FrontendActions.h"
+#include "clang/Lex/PreprocessorOptions.h"
+#include "clang/Tooling/ArgumentsAdjusters.h"
+#include "clang/Tooling/JSONCompilationDatabase.h"
+#include "clang/Tooling/Tooling.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/GlobPattern.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/ThreadPool.h"
+#include "llvm/Support/Threading.h"
+#include "llvm/Support/VirtualFileSystem.h"
+
+using namespace clang;
+using namespace clang::tidy;
+using namespace clang::tooling;
+
+namespace ulplint::tool {
+
+static llvm::Error inputError(const llvm::Twine &Msg) {
+  return llvm::createStringError(llvm::inconvertibleErrorCode(), Msg);
+}
+
+//===-- Compile databases -------------------------------------------------===//
+
+llvm::Expected<std::unique_ptr<CompilationDatabase>>
+loadDatabase(llvm::StringRef BuildPath) {
+  llvm::SmallString<256> Json(BuildPath);
+  if (llvm::sys::fs::is_directory(Json))
+    llvm::sys::path::append(Json, "compile_commands.json");
+  if (!llvm::sys::fs::exists(Json))
+    return inputError("no compilation database at '" + Json + "'");
+  std::string Err;
+  std::unique_ptr<CompilationDatabase> DB = JSONCompilationDatabase::loadFromFile(
+      Json, Err, JSONCommandLineSyntax::AutoDetect);
+  if (!DB)
+    return inputError("cannot read compilation database '" + Json +
+                      "': " + Err);
+  return std::move(DB);
+}
+
+std::vector<std::string> sanitizeCommand(llvm::ArrayRef<std::string> Args) {
+  const CompileFlagRules &R = Rules::embedded().compileFlags();
+  std::vector<std::string> Out;
+  for (size_t I = 0; I < Args.size(); ++I) {
+    llvm::StringRef A = Args[I];
+    if (I > 0) {
+      if (llvm::is_contained(R.Drop, A))
+        continue;
+      if (llvm::any_of(R.DropPrefix,
+                       [&](const std::string &P) { return A.starts_with(P); }))
+        continue;
+      if (llvm::is_contained(R.DropWithValue, A)) {
+        ++I;
+        continue;
+      }
+    }
+    Out.push_back(A.str());
+  }
+  // Inserted before the input file so they apply to it.
+  size_t InsertAt = Out.empty() ? 0 : 1;
+  Out.insert(Out.begin() + InsertAt, R.Add.begin(), R.Add.end());
+  return Out;
+}
+
+//===-- Configuration -----------------------------------------------------===//
+
+namespace {
+/// clang-tidy's file-based options, with rdma-* turned on for sources whose
+/// .clang-tidy files do not mention rdma checks: a project's configuration
+/// for other clang-tidy checks must not silence ulplint.
+class UlplintOptionsProvider : public FileOptionsProvider {
+public:
+  using FileOptionsProvider::FileOptionsProvider;
+  std::vector<OptionsSource> getRawOptions(llvm::StringRef File) override {
+    std::vector<OptionsSource> Sources = FileOptionsProvider::getRawOptions(File);
+    bool Mentioned = llvm::any_of(Sources, [](const OptionsSource &S) {
+      return S.second != OptionsSourceTypeDefaultBinary && S.first.Checks &&
+             llvm::StringRef(*S.first.Checks).contains("rdma");
+    });
+    if (!Mentioned) {
+      ClangTidyOptions Enable;
+      Enable.Checks = "rdma-*";
+      // Before the command line, which comes last and must win.
+      auto Pos = Sources.end();
+      if (!Sources.empty() &&
+          Sources.back().second == OptionsSourceTypeCheckCommandLineOption)
+        Pos = std::prev(Sources.end());
+      Sources.insert(Pos, {Enable, "ulplint default"});
+    }
+    return Sources;
+  }
+};
+} // namespace
+
+llvm::Expected<std::unique_ptr<ClangTidyOptionsProvider>>
+makeOptionsProvider(const RunOptions &Opts) {
+  ClangTidyGlobalOptions Global;
+  ClangTidyOptions Defaults = ClangTidyOptions::getDefaults();
+  Defaults.Checks = "-*,rdma-*";
+  Defaults.HeaderFilterRegex = "";
+  ClangTidyOptions Override;
+  if (!Opts.Checks.empty())
+    Override.Checks = Opts.Checks;
+  if (!Opts.Config.empty() || !Opts.ConfigFile.empty()) {
+    std::string Text = Opts.Config;
+    if (!Opts.ConfigFile.empty()) {
+      auto Buffer = llvm::MemoryBuffer::getFile(Opts.ConfigFile);
+      if (!Buffer)
+        return inputError("cannot read --config-file '" + Opts.ConfigFile +
+                          "': " + Buffer.getError().message());
+      Text = (*Buffer)->getBuffer().str();
+    }
+    auto Parsed = parseConfiguration(llvm::MemoryBufferRef(Text, "config"));
+    if (!Parsed)
+      return inputError("invalid configuration: " +
+                        Parsed.getError().message());
+    ClangTidyOptions Config = std::move(*Parsed);
+    if (Config.Checks && !llvm::StringRef(*Config.Checks).contains("rdma"))
+      Config.Checks = *Config.Checks + ",rdma-*";
+    return std::make_unique<ConfigOptionsProvider>(
+        Global, Defaults, std::move(Config), std::move(Override));
+  }
+  return std::make_unique<UlplintOptionsProvider>(Global, Defaults, Override);
+}
+
+std::vector<std::string> registeredChecks() {
+  ClangTidyCheckFactories Factories;
+  for (const auto &Entry : ClangTidyModuleRegistry::entries())
+    Entry.instantiate()->addCheckFactories(Factories);
+  std::vector<std::string> Names;
+  for (const auto &F : Factories)
+    Names.push_back(F.getKey().str());
+  llvm::sort(Names);
+  return Names;
+}
+
+/// Positive terms of a checks glob that match no registered check.
+static std::vector<std::string> unknownChecks(llvm::StringRef Globs,
+                                              llvm::ArrayRef<std::string> Known) {
+  std::vector<std::string> Unknown;
+  llvm::SmallVector<llvm::StringRef, 8> Terms;
+  Globs.split(Terms, ',', -1, false);
+  for (llvm::StringRef Term : Terms) {
+    Term = Term.trim();
+    if (Term.empty() || Term.starts_with("-") || !Term.starts_with("rdma"))
+      continue;
+    auto Pattern = llvm::GlobPattern::create(Term);
+    if (!Pattern ||
+        llvm::none_of(Known, [&](const std::string &N) {
+          return Pattern->match(N);
+        }))
+      Unknown.push_back(Term.str());
+  }
+  return Unknown;
+}
+
+llvm::Error verifyConfiguration(const RunOptions &Opts,
+                                llvm::ArrayRef<std::string> Files) {
+  std::vector<std::string> Known = registeredChecks();
+  auto Provider = makeOptionsProvider(Opts);
+  if (!Provider)
+    return Provider.takeError();
+  ChecksAndOptions All = getAllChecksAndOptions(false, false);
+  // Configuration files differ per directory: check each distinct one once.
+  std::set<std::string> Seen;
+  for (const std::string &File : Files) {
+    for (const auto &[Options, Source] : (*Provider)->getRawOptions(File)) {
+      if (!Seen.insert(Source + (Options.Checks ? *Options.Checks : "")).second)
+        continue;
+      if (Options.Checks)
+        for (const std::string &U : unknownChecks(*Options.Checks, Known))
+          return inputError("unknown check '" + U + "' in " + Source);
+      for (const auto &Option : Options.CheckOptions) {
+        llvm::StringRef Key = Option.getKey();
+        if (Key.starts_with("rdma-") && !All.Options.contains(Key))
+          return inputError("unknown option '" + Key + "' in " + Source);
+      }
+    }
+  }
+  return llvm::Error::success();
+}
+
+//===-- Running -----------------------------------------------------------===//
+
+namespace {
+/// clang-tidy's frontend action (see clang-tidy's runClangTidy), one unit
+/// at a time so each thread has its own context.
+class TidyActionFactory : public FrontendActionFactory {
+public:
+  TidyActionFactory(ClangTidyContext &Context,
+                    llvm::IntrusiveRefCntPtr<llvm::vfs::OverlayFileSystem> FS)
+      : Consumers(Context, std::move(FS)) {}
+
+  std::unique_ptr<FrontendAction> create() override {
+    return std::make_unique<Action>(Consumers);
+  }
+  bool runInvocation(std::shared_ptr<CompilerInvocation> Invocation,
+                     FileManager *Files,
+                     std::shared_ptr<PCHContainerOperations> PCH,
+                     DiagnosticConsumer *Diags) override {
+    // clang-tidy defines __clang_analyzer__; so must we, for identical results.
+    Invocation->getPreprocessorOpts().SetUpStaticAnalyzer = true;
+    // No "N warnings generated." lines: compiler warnings are not findings.
+    Invocation->getDiagnosticOpts().ShowCarets = false;
+    return FrontendActionFactory::runInvocation(Invocation, Files, PCH, Diags);
+  }
+
+private:
+  class Action : public ASTFrontendAction {
+  public:
+    explicit Action(ClangTidyASTConsumerFactory &F) : F(F) {}
+    std::unique_ptr<ASTConsumer> CreateASTConsumer(CompilerInstance &CI,
+                                                   llvm::StringRef File) override {
+      return F.createASTConsumer(CI, File);
+    }
+
+  private:
+    ClangTidyASTConsumerFactory &F;
+  };
+  ClangTidyASTConsumerFactory Consumers;
+};
+
+bool isCompilerDiagnostic(const ClangTidyError &E) {
+  return llvm::StringRef(E.DiagnosticName).starts_with("clang-diagnostic-");
+}
+} // namespace
+
+static UnitResult analyzeUnit(const CompilationDatabase &DB,
+                              const std::string &File, const RunOptions &Opts) {
+  UnitResult Result;
+  Result.File = File;
+  auto Provider = makeOptionsProvider(Opts);
+  if (!Provider) {
+    Result.ParseErrors.push_back(llvm::toString(Provider.takeError()));
+    return Result;
+  }
+  ClangTidyContext Context(std::move(*Provider), false, false, false);
+  // A physical file system of its own: ClangTool changes the working
+  // directory per command, and the process-wide one is shared by threads.
+  auto FS = llvm::makeIntrusiveRefCnt<llvm::vfs::OverlayFileSystem>(
+      llvm::vfs::createPhysicalFileSystem());
+  ClangTool Tool(DB, {File}, std::make_shared<PCHContainerOperations>(), FS);
+  Tool.appendArgumentsAdjuster(
+      [](const CommandLineArguments &Args, llvm::StringRef) {
+        return sanitizeCommand(Args);
+      });
+  if (!Opts.ExtraArgsBefore.empty())
+    Tool.appendArgumentsAdjuster(getInsertArgumentAdjuster(
+        Opts.ExtraArgsBefore, ArgumentInsertPosition::BEGIN));
+  if (!Opts.ExtraArgs.empty())
+    Tool.appendArgumentsAdjuster(
+        getInsertArgumentAdjuster(Opts.ExtraArgs, ArgumentInsertPosition::END));
+  Tool.appendArgumentsAdjuster(getStripPluginsAdjuster());
+
+  ClangTidyDiagnosticConsumer Consumer(Context, nullptr, true, false);
+  auto DiagOpts = std::make_unique<DiagnosticOptions>();
+  DiagnosticsEngine DE(DiagnosticIDs::create(), *DiagOpts, &Consumer, false);
+  Context.setDiagnosticsEngine(std::move(DiagOpts), &DE);
+  Tool.setDiagnosticConsumer(&Consumer);
+  Tool.setPrintErrorMessage(false);
+
+  TidyActionFactory Factory(Context, FS);
+  int Status = Tool.run(&Factory);
+
+  for (ClangTidyError &E : Consumer.take()) {
+    if (!isCompilerDiagnostic(E)) {
+      Result.Findings.push_back(std::move(E));
+      continue;
+    }
+    if (E.DiagLevel == ClangTidyError::Error)
+      Result.ParseErrors.push_back(E.Message.FilePath + ":" +
+                                   std::to_string(E.Message.FileOffset) +
+                                   ": " + E.Message.Message);
+  }
+  if (Status != 0 && Result.ParseErrors.empty())
+    Result.ParseErrors.push_back("the compiler could not process this file");
+  return Result;
+}
+
+std::vector<UnitResult> analyze(const CompilationDatabase &DB,
+                                llvm::ArrayRef<std::string> Files,
+                                const RunOptions &Opts) {
+  std::vector<UnitResult> Results(Files.size());
+  unsigned Jobs = Opts.Jobs ? Opts.Jobs : llvm::hardware_concurrency().compute_thread_count();
+  if (Jobs <= 1 || Files.size() <= 1) {
+    for (size_t I = 0; I < Files.size(); ++I)
+      Results[I] = analyzeUnit(DB, Files[I], Opts);
+    return Results;
+  }
+  llvm::DefaultThreadPool Pool(llvm::hardware_concurrency(Jobs));
+  for (size_t I = 0; I < Files.size(); ++I)
+    Pool.async([&, I] { Results[I] = analyzeUnit(DB, Files[I], Opts); });
+  Pool.wait();
+  return Results;
+}
+
+} // namespace ulplint::tool

@@ -1,0 +1,420 @@
+//===- Output.cpp - Findings as text, JSON and SARIF; fixes ---------------===//
+
+#include "Output.h"
+#include "engine/Rules.h"
+#include "clang-tidy/ClangTidy.h"
+#include "clang/Tooling/Core/Diagnostic.h"
+#include "clang/Tooling/Core/Replacement.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/xxhash.h"
+#include <map>
+#include <set>
+
+using namespace clang::tidy;
+namespace json = llvm::json;
+
+namespace ulplint::tool {
+
+namespace {
+/// File contents read once, for positions, excerpts and fixes.
+class SourceCache {
+public:
+  llvm::StringRef text(const std::string &Path) {
+    auto &Slot = Files[Path];
+    if (!Slot) {
+      auto Buffer = llvm::MemoryBuffer::getFile(Path);
+      Slot = Buffer ? std::move(*Buffer)
+                    : llvm::MemoryBuffer::getMemBuffer("", Path);
+    }
+    return Slot->getBuffer();
+  }
+  std::pair<unsigned, unsigned> lineColumn(const std::string &Path,
+                                           unsigned Offset) {
+    llvm::StringRef T = text(Path);
+    Offset = std::min<size_t>(Offset, T.size());
+    llvm::StringRef Before = T.take_front(Offset);
+    unsigned Line = Before.count('\n') + 1;
+    size_t LineStart = Before.rfind('\n');
+    unsigned Column =
+        Offset - (LineStart == llvm::StringRef::npos ? 0 : LineStart + 1) + 1;
+    return {Line, Column};
+  }
+  llvm::StringRef line(const std::string &Path, unsigned Line) {
+    llvm::StringRef T = text(Path);
+    for (unsigned I = 1; I < Line && !T.empty(); ++I)
+      T = T.split('\n').second;
+    return T.split('\n').first.rtrim("\r");
+  }
+
+private:
+  std::map<std::string, std::unique_ptr<llvm::MemoryBuffer>> Files;
+};
+
+SourceCache &sources() {
+  static SourceCache Cache;
+  return Cache;
+}
+
+std::string absolutePath(llvm::StringRef Path, llvm::StringRef BuildDir) {
+  llvm::SmallString<256> P(Path);
+  if (llvm::sys::path::is_relative(P) && !BuildDir.empty()) {
+    P = BuildDir;
+    llvm::sys::path::append(P, Path);
+  }
+  llvm::sys::path::remove_dots(P, true);
+  return std::string(P);
+}
+
+std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root) {
+  if (Root.empty())
+    return Path.str();
+  llvm::SmallString<256> R(Root);
+  llvm::sys::path::remove_dots(R, true);
+  if (!R.ends_with("/"))
+    R += "/";
+  if (Path.starts_with(R))
+    return Path.drop_front(R.size()).str();
+  return Path.str();
+}
+
+std::string normalizeSpace(llvm::StringRef S) {
+  std::string Out;
+  for (char C : S.trim())
+    if (!llvm::isSpace(C) || (Out.size() && Out.back() != ' '))
+      Out += llvm::isSpace(C) ? ' ' : C;
+  return Out;
+}
+} // namespace
+
+std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units) {
+  std::vector<Finding> Out;
+  std::set<std::tuple<std::string, std::string, unsigned, std::string>> Seen;
+  std::map<std::string, unsigned> Occurrences;
+  for (const UnitResult &U : Units) {
+    std::vector<Finding> Unit;
+    for (const ClangTidyError &E : U.Findings) {
+      Finding F;
+      F.Error = &E;
+      F.File = absolutePath(E.Message.FilePath, E.BuildDirectory);
+      if (!Seen.insert({E.DiagnosticName, F.File, E.Message.FileOffset,
+                        E.Message.Message})
+               .second)
+        continue;
+      std::tie(F.Line, F.Column) =
+          sources().lineColumn(F.File, E.Message.FileOffset);
+      const RuleInfo *Rule = Rules::embedded().rule(E.DiagnosticName);
+      F.Severity = Rule ? Rule->Severity : "warning";
+      Unit.push_back(std::move(F));
+    }
+    llvm::stable_sort(Unit, [](const Finding &A, const Finding &B) {
+      return std::tie(A.File, A.Line, A.Column) <
+             std::tie(B.File, B.Line, B.Column);
+    });
+    Out.insert(Out.end(), Unit.begin(), Unit.end());
+  }
+  // Fingerprints survive edits elsewhere in the file: the check, the file
+  // name, the finding's own line with whitespace normalised, and which
+  // occurrence of that combination it is.
+  for (Finding &F : Out) {
+    std::string Key = F.Error->DiagnosticName + "\n" +
+                      llvm::sys::path::filename(F.File).str() + "\n" +
+                      normalizeSpace(sources().line(F.File, F.Line));
+    unsigned N = Occurrences[Key]++;
+    F.Fingerprint = llvm::utohexstr(llvm::xxh3_64bits(Key + "\n" + std::to_string(N)),
+                                    /*LowerCase=*/true, 16);
+  }
+  return Out;
+}
+
+//===-- Text --------------------------------------------------------------===//
+
+static void writeMessage(llvm::raw_ostream &OS, const std::string &File,
+                         unsigned Line, unsigned Column, llvm::StringRef Level,
+                         llvm::StringRef Message, llvm::StringRef Check) {
+  OS << File << ":" << Line << ":" << Column << ": " << Level << ": " << Message;
+  if (!Check.empty())
+    OS << " [" << Check << "]";
+  OS << "\n";
+  llvm::StringRef Text = sources().line(File, Line);
+  std::string Number = std::to_string(Line);
+  OS << llvm::right_justify(Number, 5) << " | " << Text << "\n";
+  OS << "      | ";
+  for (unsigned I = 1; I < Column && I <= Text.size(); ++I)
+    OS << (Text[I - 1] == '\t' ? '\t' : ' ');
+  OS << "^\n";
+}
+
+void writeText(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings) {
+  for (const Finding &F : Findings) {
+    const ClangTidyError &E = *F.Error;
+    writeMessage(OS, F.File, F.Line, F.Column, "warning", E.Message.Message,
+                 E.DiagnosticName);
+    for (const auto &Note : E.Notes) {
+      if (Note.FilePath.empty()) { // e.g. "this fix will not be applied"
+        OS << "note: " << Note.Message << "\n";
+        continue;
+      }
+      std::string File = absolutePath(Note.FilePath, E.BuildDirectory);
+      auto [Line, Column] = sources().lineColumn(File, Note.FileOffset);
+      writeMessage(OS, File, Line, Column, "note", Note.Message, "");
+    }
+  }
+}
+
+//===-- JSON and SARIF ----------------------------------------------------===//
+
+namespace {
+struct Region {
+  unsigned StartLine, StartColumn, EndLine, EndColumn;
+};
+Region regionOf(const std::string &File, unsigned Offset, unsigned Length) {
+  auto [L1, C1] = sources().lineColumn(File, Offset);
+  auto [L2, C2] = sources().lineColumn(File, Offset + Length);
+  return {L1, C1, L2, C2};
+}
+
+/// The fixes of a finding as (file, replacements) pairs with absolute paths.
+std::vector<std::pair<std::string, std::vector<clang::tooling::Replacement>>>
+fixesOf(const ClangTidyError &E) {
+  std::vector<std::pair<std::string, std::vector<clang::tooling::Replacement>>> Out;
+  for (const auto &[File, Reps] : E.Message.Fix) {
+    std::vector<clang::tooling::Replacement> List(Reps.begin(), Reps.end());
+    Out.emplace_back(absolutePath(File, E.BuildDirectory), std::move(List));
+  }
+  return Out;
+}
+
+json::Array unitErrors(llvm::ArrayRef<UnitResult> Units) {
+  json::Array Errors;
+  for (const UnitResult &U : Units)
+    for (const std::string &Msg : U.ParseErrors)
+      Errors.push_back(json::Object{{"file", U.File}, {"message", Msg}});
+  return Errors;
+}
+} // namespace
+
+void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
+               llvm::ArrayRef<UnitResult> Units, const OutputOptions &Opts) {
+  json::Array Items;
+  for (const Finding &F : Findings) {
+    const ClangTidyError &E = *F.Error;
+    json::Array Notes, Fixes;
+    for (const auto &N : E.Notes) {
+      if (N.FilePath.empty()) {
+        Notes.push_back(json::Object{{"message", N.Message}});
+        continue;
+      }
+      std::string File = absolutePath(N.FilePath, E.BuildDirectory);
+      auto [Line, Column] = sources().lineColumn(File, N.FileOffset);
+      Notes.push_back(json::Object{{"file", relativeTo(File, Opts.SourceRoot)},
+                                   {"line", Line},
+                                   {"column", Column},
+                                   {"message", N.Message}});
+    }
+    for (const auto &[File, Reps] : fixesOf(E))
+      for (const auto &R : Reps) {
+        Region G = regionOf(File, R.getOffset(), R.getLength());
+        Fixes.push_back(json::Object{{"file", relativeTo(File, Opts.SourceRoot)},
+                                     {"offset", R.getOffset()},
+                                     {"length", R.getLength()},
+                                     {"line", G.StartLine},
+                                     {"column", G.StartColumn},
+                                     {"replacement", R.getReplacementText()}});
+      }
+    Items.push_back(json::Object{{"check", E.DiagnosticName},
+                                 {"severity", F.Severity},
+                                 {"message", E.Message.Message},
+                                 {"file", relativeTo(F.File, Opts.SourceRoot)},
+                                 {"line", F.Line},
+                                 {"column", F.Column},
+                                 {"fingerprint", F.Fingerprint},
+                                 {"notes", std::move(Notes)},
+                                 {"fixes", std::move(Fixes)}});
+  }
+  json::Object Root{{"tool", "ulplint"},
+                    {"version", ULPLINT_VERSION},
+                    {"findings", std::move(Items)},
+                    {"errors", unitErrors(Units)},
+                    {"units", static_cast<int64_t>(Units.size())}};
+  OS << llvm::formatv("{0:2}", json::Value(std::move(Root))) << "\n";
+}
+
+static json::Object sarifLocation(const std::string &File, unsigned Line,
+                                  unsigned Column, const OutputOptions &Opts) {
+  std::string Rel = relativeTo(File, Opts.SourceRoot);
+  json::Object Artifact{{"uri", Rel}};
+  if (llvm::sys::path::is_relative(Rel))
+    Artifact["uriBaseId"] = "SRCROOT";
+  else
+    Artifact["uri"] = "file://" + Rel;
+  return json::Object{
+      {"physicalLocation",
+       json::Object{{"artifactLocation", std::move(Artifact)},
+                    {"region", json::Object{{"startLine", Line},
+                                            {"startColumn", Column}}}}}};
+}
+
+static json::Object sarifFix(const ClangTidyError &E, const OutputOptions &Opts) {
+  json::Array Changes;
+  for (const auto &[File, Reps] : fixesOf(E)) {
+    json::Array Replacements;
+    for (const auto &R : Reps) {
+      Region G = regionOf(File, R.getOffset(), R.getLength());
+      Replacements.push_back(json::Object{
+          {"deletedRegion", json::Object{{"startLine", G.StartLine},
+                                         {"startColumn", G.StartColumn},
+                                         {"endLine", G.EndLine},
+                                         {"endColumn", G.EndColumn}}},
+          {"insertedContent", json::Object{{"text", R.getReplacementText()}}}});
+    }
+    json::Object Loc = sarifLocation(File, 1, 1, Opts);
+    json::Object *Physical = Loc.getObject("physicalLocation");
+    Changes.push_back(json::Object{
+        {"artifactLocation", std::move(*Physical->get("artifactLocation"))},
+        {"replacements", std::move(Replacements)}});
+  }
+  return json::Object{
+      {"description", json::Object{{"text", "Apply the suggested change"}}},
+      {"artifactChanges", std::move(Changes)}};
+}
+
+void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
+                llvm::ArrayRef<UnitResult> Units, const OutputOptions &Opts) {
+  const Rules &R = Rules::embedded();
+  json::Array RuleList;
+  std::map<std::string, unsigned> RuleIndex;
+  for (const RuleInfo &Info : R.catalog()) {
+    RuleIndex[Info.Name] = RuleList.size();
+    RuleList.push_back(json::Object{
+        {"id", Info.Name},
+        {"name", Info.Name},
+        {"shortDescription", json::Object{{"text", Info.Summary}}},
+        {"fullDescription", json::Object{{"text", Info.Rationale}}},
+        {"help", json::Object{{"text", Info.Fix},
+                              {"markdown", Info.Rationale + "\n\n**Fix:** " + Info.Fix}}},
+        {"helpUri", "https://ulplint.invalid/" + Info.Doc},
+        {"defaultConfiguration", json::Object{{"level", Info.Severity}}},
+        {"properties", json::Object{{"category", Info.Category}}}});
+  }
+  json::Array Results;
+  for (const Finding &F : Findings) {
+    const ClangTidyError &E = *F.Error;
+    json::Object Result{
+        {"ruleId", E.DiagnosticName},
+        {"level", F.Severity},
+        {"message", json::Object{{"text", E.Message.Message}}},
+        {"locations", json::Array{sarifLocation(F.File, F.Line, F.Column, Opts)}},
+        {"partialFingerprints",
+         json::Object{{"ulplintFingerprint/v1", F.Fingerprint}}}};
+    auto It = RuleIndex.find(E.DiagnosticName);
+    if (It != RuleIndex.end())
+      Result["ruleIndex"] = It->second;
+    json::Array Related;
+    unsigned Id = 1;
+    for (const auto &N : E.Notes) {
+      if (N.FilePath.empty())
+        continue; // tool remarks such as "this fix will not be applied"
+      std::string File = absolutePath(N.FilePath, E.BuildDirectory);
+      auto [Line, Column] = sources().lineColumn(File, N.FileOffset);
+      json::Object Loc = sarifLocation(File, Line, Column, Opts);
+      Loc["id"] = Id++;
+      Loc["message"] = json::Object{{"text", N.Message}};
+      Related.push_back(std::move(Loc));
+    }
+    if (!Related.empty())
+      Result["relatedLocations"] = std::move(Related);
+    if (!E.Message.Fix.empty())
+      Result["fixes"] = json::Array{sarifFix(E, Opts)};
+    Results.push_back(std::move(Result));
+  }
+  json::Array Notifications;
+  for (const UnitResult &U : Units)
+    for (const std::string &Msg : U.ParseErrors)
+      Notifications.push_back(json::Object{
+          {"level", "error"},
+          {"message", json::Object{{"text", U.File + ": " + Msg}}}});
+  std::string Root = Opts.SourceRoot;
+  if (!Root.empty() && Root.back() != '/')
+    Root += '/';
+  json::Object Run{
+      {"tool",
+       json::Object{{"driver",
+                     json::Object{{"name", "ulplint"},
+                                  {"version", ULPLINT_VERSION},
+                                  {"informationUri", "https://ulplint.invalid/"},
+                                  {"rules", std::move(RuleList)}}}}},
+      {"originalUriBaseIds",
+       json::Object{{"SRCROOT", json::Object{{"uri", "file://" + Root}}}}},
+      {"invocations",
+       json::Array{json::Object{
+           {"executionSuccessful", Notifications.empty()},
+           {"toolExecutionNotifications", std::move(Notifications)}}}},
+      {"results", std::move(Results)}};
+  json::Object Log{
+      {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
+      {"version", "2.1.0"},
+      {"runs", json::Array{std::move(Run)}}};
+  OS << llvm::formatv("{0:2}", json::Value(std::move(Log))) << "\n";
+}
+
+//===-- Fixes -------------------------------------------------------------===//
+
+llvm::Expected<unsigned> applyFixes(llvm::ArrayRef<Finding> Findings,
+                                    bool FromNotes) {
+  std::map<std::string, clang::tooling::Replacements> ByFile;
+  unsigned Applied = 0;
+  for (const Finding &F : Findings) {
+    const ClangTidyError &E = *F.Error;
+    const llvm::StringMap<clang::tooling::Replacements> *Fix =
+        FromNotes ? clang::tooling::selectFirstFix(E) : &E.Message.Fix;
+    if (!Fix || Fix->empty())
+      continue;
+    // All of a finding's replacements apply, or none does.
+    auto Saved = ByFile;
+    bool Conflict = false;
+    for (const auto &[File, Reps] : *Fix)
+      for (const auto &R : Reps) {
+        std::string Path = absolutePath(File, E.BuildDirectory);
+        clang::tooling::Replacement Abs(Path, R.getOffset(), R.getLength(),
+                                        R.getReplacementText());
+        if (llvm::Error Err = ByFile[Path].add(Abs)) {
+          llvm::consumeError(std::move(Err));
+          Conflict = true;
+        }
+      }
+    if (Conflict) {
+      ByFile = std::move(Saved);
+      continue;
+    }
+    ++Applied;
+  }
+  for (auto &[Path, Reps] : ByFile) {
+    auto Buffer = llvm::MemoryBuffer::getFile(Path);
+    if (!Buffer)
+      return llvm::createStringError(Buffer.getError(),
+                                     "cannot read '" + Path + "' to fix it");
+    auto Fixed = clang::tooling::applyAllReplacements((*Buffer)->getBuffer(), Reps);
+    if (!Fixed)
+      return Fixed.takeError();
+    std::error_code EC;
+    llvm::raw_fd_ostream Out(Path, EC);
+    if (EC)
+      return llvm::createStringError(EC, "cannot write '" + Path + "'");
+    Out << *Fixed;
+  }
+  return Applied;
+}
+
+void exportFixes(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
+                 llvm::StringRef MainFile) {
+  std::vector<ClangTidyError> Errors;
+  for (const Finding &F : Findings)
+    Errors.push_back(*F.Error);
+  exportReplacements(MainFile, Errors, OS);
+}
+
+} // namespace ulplint::tool
