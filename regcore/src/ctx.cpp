@@ -1,0 +1,659 @@
+// RDMA READ/WRITE contexts and remote-registration contexts: building the
+// work requests each strategy needs, posting them as one chain with only
+// the last WR signaled, and finishing them from their completion.
+#include <cerrno>
+#include <cstring>
+
+#include "internal.hpp"
+
+namespace rc {
+
+namespace {
+
+uint32_t div_up(size_t a, uint32_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
+
+unsigned max_sge_for(const Core *core, regcore_dir dir) {
+  return dir == REGCORE_DIR_READ ? core->policy.max_sge_read : core->policy.max_sge_write;
+}
+
+// ------------------------------------------------------------ building
+
+int resolve_lkeys(Ctx *ctx) {
+  Core *core = ctx->core;
+  for (ibv_sge &r : ctx->runs) {
+    if (r.lkey) continue;  // the ULP registered it itself
+    CacheEntry *e = nullptr;
+    if (int err = core->cache.get(r.addr, r.length, core->internal_access, &e, core->stats)) return err;
+    ctx->cache_refs.push_back(e);
+    r.lkey = e->pub.lkey;
+  }
+  return 0;
+}
+
+// RDMA WRs over `list`, max_sge SGEs each, consecutive remote addresses.
+void build_rdma_wrs(Ctx *ctx, const std::vector<ibv_sge> &list, unsigned max_sge) {
+  ctx->wr_sges = list;
+  ctx->wrs.assign(div_up(list.size(), max_sge), ibv_send_wr{});
+  uint64_t raddr = ctx->remote_addr;
+  size_t next = 0;
+  for (ibv_send_wr &wr : ctx->wrs) {
+    wr.opcode = ctx->dir == REGCORE_DIR_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+    wr.sg_list = &ctx->wr_sges[next];
+    wr.num_sge = static_cast<int>(std::min<size_t>(max_sge, list.size() - next));
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = ctx->rkey;
+    for (int i = 0; i < wr.num_sge; i++) raddr += ctx->wr_sges[next + i].length;
+    next += wr.num_sge;
+  }
+  ctx->nwr = static_cast<uint32_t>(ctx->wrs.size());
+}
+
+int init_sge_path(Ctx *ctx) {
+  if (int err = resolve_lkeys(ctx)) return err;
+  build_rdma_wrs(ctx, ctx->runs, max_sge_for(ctx->core, ctx->dir));
+  ctx->strategy = ctx->nwr == 1 ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
+  return 0;
+}
+
+// Private MRs with exactly the rights this I/O needs (iWARP READ sinks get
+// REMOTE_WRITE); deregistered when the context is recycled.
+int init_mr_reg(Ctx *ctx) {
+  Core *core = ctx->core;
+  unsigned access = ctx->dir == REGCORE_DIR_READ ? core->policy.read_sink_access : 0;
+  std::vector<ibv_sge> list;
+  for (const ibv_sge &r : ctx->runs) {
+    if (int err = acquire_reg_slot(core)) return err;
+    ibv_mr *mr = ibv_reg_mr(core->pd, reinterpret_cast<void *>(static_cast<uintptr_t>(r.addr)),
+                            r.length, static_cast<int>(access));
+    if (!mr) {
+      release_reg_slot(core);
+      return fail(errno ? errno : EIO, "ibv_reg_mr for a per-context MR failed");
+    }
+    ctx->own_mrs.push_back(mr);
+    list.push_back({r.addr, r.length, mr->lkey});
+  }
+  build_rdma_wrs(ctx, list, max_sge_for(core, ctx->dir));
+  return 0;
+}
+
+int init_staged(Ctx *ctx) {
+  int err = acquire_stage(ctx->core, &ctx->stage);
+  if (err == -EAGAIN) return init_sge_path(ctx);  // like rdma_rw: no MR, more WRs
+  if (err) return err;
+  ibv_sge s{reinterpret_cast<uintptr_t>(ctx->stage->buf), static_cast<uint32_t>(ctx->bytes),
+            ctx->stage->mr->lkey};
+  build_rdma_wrs(ctx, {s}, 1);
+  return 0;
+}
+
+int init_indirect(Ctx *ctx) {
+  if (int err = resolve_lkeys(ctx)) return err;
+  int err = acquire_mkey(ctx->core, &ctx->mkey);
+  if (err == -EAGAIN) return init_sge_path(ctx);
+  if (err) return err;
+  ctx->nwr = (ctx->mkey->need_inval ? 1 : 0) + 2;  // [LOCAL_INV] + UMR + RDMA
+  return 0;
+}
+
+int build_rw(Ctx *ctx) {
+  switch (ctx->strategy) {
+    case REGCORE_RW_SINGLE_WR:
+    case REGCORE_RW_MULTI_WR: return init_sge_path(ctx);
+    case REGCORE_RW_MR_REG: return init_mr_reg(ctx);
+    case REGCORE_RW_MR_STAGED: return init_staged(ctx);
+    case REGCORE_RW_INDIRECT: return init_indirect(ctx);
+  }
+  return fail(EINVAL, "unknown strategy");
+}
+
+void stage_copy(Ctx *ctx, bool to_stage) {
+  auto *stage = static_cast<uint8_t *>(ctx->stage->buf);
+  for (const ibv_sge &r : ctx->runs) {
+    auto *p = reinterpret_cast<uint8_t *>(static_cast<uintptr_t>(r.addr));
+    if (to_stage)
+      memcpy(stage, p, r.length);
+    else
+      memcpy(p, stage, r.length);
+    stage += r.length;
+  }
+}
+
+// -------------------------------------------------------------- posting
+
+struct PostResult {
+  int err = 0;
+  bool any_posted = true;
+  uint32_t internal_posted = 0;
+};
+
+ibv_send_wr *last_of(ibv_send_wr *wr) {
+  while (wr && wr->next) wr = wr->next;
+  return wr;
+}
+
+// Posts wrs[0..n) unsignaled, then chain_wr. The chain's last WR (ours, or
+// the ULP's) carries the chain's final tag; the ULP's wr_id is restored.
+PostResult post_chain(QpState *qs, Chain &c, ibv_send_wr *wrs, size_t n, ibv_send_wr *chain_wr) {
+  for (size_t i = 0; i < n; i++) {
+    wrs[i].wr_id = c.tag(kRoleUnsignaled);
+    wrs[i].send_flags &= ~static_cast<unsigned>(IBV_SEND_SIGNALED);
+    wrs[i].next = i + 1 < n ? &wrs[i + 1] : chain_wr;
+  }
+  ibv_send_wr *ulp_last = last_of(chain_wr);
+  uint64_t saved = ulp_last ? ulp_last->wr_id : 0;
+  if (ulp_last) {
+    ulp_last->wr_id = c.tag(kRoleFinal);
+  } else {
+    wrs[n - 1].wr_id = c.tag(kRoleFinal);
+    wrs[n - 1].send_flags |= IBV_SEND_SIGNALED;
+  }
+  ibv_send_wr *first = n ? wrs : chain_wr;
+  ibv_send_wr *bad = nullptr;
+  PostResult r;
+  r.err = ibv_post_send(qs->qp, first, &bad);
+  if (ulp_last) ulp_last->wr_id = saved;
+  if (r.err == 0) {
+    r.internal_posted = static_cast<uint32_t>(n);
+    return r;
+  }
+  r.any_posted = bad && bad != first;
+  for (ibv_send_wr *w = first; r.any_posted && w && w != bad; w = w->next)
+    if (w >= wrs && w < wrs + n) r.internal_posted++;
+  return r;
+}
+
+// Accounts for a post: credits, the FIFO, and the partial-post rule.
+int finish_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r, uint32_t credits) {
+  if (r.err && !r.any_posted) return fail(r.err, "ibv_post_send: %s (nothing posted)", strerror(r.err));
+  c.credits = credits;
+  qs->credits -= credits;
+  c.wr_posted = r.internal_posted;
+  c.has_final = r.err == 0;
+  fifo_append(qs, &c);
+  if (r.err == 0) {
+    ctx->life = Ctx::kPosted;
+    return 0;
+  }
+  // Part of the chain is in the send queue without a signaled WR: move the
+  // QP to error so that it flushes and those WRs complete.
+  ctx->life = Ctx::kFailedPost;
+  c.status = IBV_WC_WR_FLUSH_ERR;
+  ctx->core->stats.partial_posts++;
+  move_qp_to_error(qs);
+  if (c.wr_posted == 0) retire_through(&c);
+  return fail(r.err, "ibv_post_send accepted part of the chain (%s); QP moved to error",
+              strerror(r.err));
+}
+
+#if REGCORE_HAVE_MLX5DV
+void add_ulp_wr(ibv_qp_ex *qx, const ibv_send_wr *w, std::vector<ibv_data_buf> &bufs) {
+  switch (w->opcode) {
+    case IBV_WR_SEND: ibv_wr_send(qx); break;
+    case IBV_WR_SEND_WITH_IMM: ibv_wr_send_imm(qx, w->imm_data); break;
+    case IBV_WR_SEND_WITH_INV: ibv_wr_send_inv(qx, w->invalidate_rkey); break;
+    case IBV_WR_RDMA_WRITE: ibv_wr_rdma_write(qx, w->wr.rdma.rkey, w->wr.rdma.remote_addr); break;
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      ibv_wr_rdma_write_imm(qx, w->wr.rdma.rkey, w->wr.rdma.remote_addr, w->imm_data);
+      break;
+    case IBV_WR_RDMA_READ: ibv_wr_rdma_read(qx, w->wr.rdma.rkey, w->wr.rdma.remote_addr); break;
+    case IBV_WR_LOCAL_INV: ibv_wr_local_inv(qx, w->invalidate_rkey); return;
+    case IBV_WR_BIND_MW: ibv_wr_bind_mw(qx, w->bind_mw.mw, w->bind_mw.rkey, &w->bind_mw.bind_info); return;
+    default: return;
+  }
+  if (w->send_flags & IBV_SEND_INLINE) {
+    bufs.clear();
+    for (int i = 0; i < w->num_sge; i++)
+      bufs.push_back({reinterpret_cast<void *>(static_cast<uintptr_t>(w->sg_list[i].addr)),
+                      w->sg_list[i].length});
+    ibv_wr_set_inline_data_list(qx, bufs.size(), bufs.data());
+  } else {
+    ibv_wr_set_sge_list(qx, static_cast<size_t>(w->num_sge), w->sg_list);
+  }
+}
+
+bool ulp_wr_convertible(const ibv_send_wr *w) {
+  switch (w->opcode) {
+    case IBV_WR_SEND: case IBV_WR_SEND_WITH_IMM: case IBV_WR_SEND_WITH_INV:
+    case IBV_WR_RDMA_WRITE: case IBV_WR_RDMA_WRITE_WITH_IMM: case IBV_WR_RDMA_READ:
+    case IBV_WR_LOCAL_INV: case IBV_WR_BIND_MW:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// [LOCAL_INV] + UMR + RDMA (+ the ULP's WRs) in one ibv_wr_* batch: the
+// UMR only exists in that API. The batch is all or nothing.
+PostResult post_indirect(Ctx *ctx, QpState *qs, Chain &c, ibv_send_wr *chain_wr) {
+  PostResult r;
+  ibv_qp_ex *qx = qs->qpx;
+  mlx5dv_mkey *mk = ctx->mkey->mkey;
+  uint64_t unsig = c.tag(kRoleUnsignaled), fin = c.tag(kRoleFinal);
+  ibv_wr_start(qx);
+  if (ctx->mkey->need_inval) {
+    qx->wr_id = unsig;
+    qx->wr_flags = 0;
+    ibv_wr_local_inv(qx, mk->lkey);
+  }
+  qx->wr_id = unsig;
+  qx->wr_flags = IBV_SEND_INLINE;  // required by mlx5 for UMR
+  mlx5dv_wr_mr_list(qs->mqpx, mk, ctx->dir == REGCORE_DIR_READ ? IBV_ACCESS_LOCAL_WRITE : 0,
+                    static_cast<uint16_t>(ctx->runs.size()), ctx->runs.data());
+  qx->wr_id = chain_wr ? unsig : fin;
+  qx->wr_flags = chain_wr ? 0 : IBV_SEND_SIGNALED;
+  if (ctx->dir == REGCORE_DIR_READ)
+    ibv_wr_rdma_read(qx, ctx->rkey, ctx->remote_addr);
+  else
+    ibv_wr_rdma_write(qx, ctx->rkey, ctx->remote_addr);
+  ibv_wr_set_sge(qx, mk->lkey, 0, static_cast<uint32_t>(ctx->bytes));  // zero based
+  std::vector<ibv_data_buf> bufs;
+  for (ibv_send_wr *w = chain_wr; w; w = w->next) {
+    qx->wr_id = w->next ? w->wr_id : fin;
+    qx->wr_flags = w->send_flags;
+    add_ulp_wr(qx, w, bufs);
+  }
+  r.err = ibv_wr_complete(qx);
+  r.any_posted = r.err == 0;
+  r.internal_posted = r.err ? 0 : ctx->nwr;
+  return r;
+}
+#endif
+
+bool chain_signaled(const ibv_send_wr *chain_wr) {
+  const ibv_send_wr *last = chain_wr;
+  while (last->next) last = last->next;
+  return last->send_flags & IBV_SEND_SIGNALED;
+}
+
+int check_chain_wr(Core *core, ibv_send_wr *chain_wr, bool via_qpx) {
+  if (!chain_wr) return 0;
+  if (!chain_signaled(chain_wr))
+    return fail(EINVAL, "the last chained WR must be IBV_SEND_SIGNALED: its completion is the "
+                        "context's completion");
+#if REGCORE_HAVE_MLX5DV
+  if (via_qpx)
+    for (ibv_send_wr *w = chain_wr; w; w = w->next)
+      if (!ulp_wr_convertible(w)) return fail(EINVAL, "chained WR opcode %d not supported", w->opcode);
+#endif
+  (void)core;
+  (void)via_qpx;
+  return 0;
+}
+
+bool take_credits(Core *core, QpState *qs, uint32_t n) {
+  if (qs->credits >= n) return true;
+  core->stats.eagain++;
+  fail(EAGAIN, "no send-queue room: %u credits left, context needs %u", qs->credits, n);
+  return false;
+}
+
+// ---------------------------------------------------------- reg helpers
+
+void mark_key_dead(Ctx *ctx) {
+  if (ctx->key == Ctx::kKeyLive) ctx->core->live_rkeys.erase(ctx->reg_rkey);
+  ctx->key = Ctx::kKeyDead;
+}
+
+// The peer invalidated some other key of ours (a protocol error on its
+// side): that key is dead now, so its own release needs no LOCAL_INV.
+void note_foreign_invalidation(Core *core, uint32_t rkey) {
+  auto it = core->live_rkeys.find(rkey);
+  if (it == core->live_rkeys.end()) return;
+  Ctx *other = it->second;
+  mark_key_dead(other);
+  maybe_recycle(other);
+}
+
+int post_local_inv(Ctx *ctx) {
+  QpState *qs = ctx->qp;
+  Chain &c = ctx->chains[1];
+  c.reset();
+  ctx->wrs.assign(1, ibv_send_wr{});
+  ibv_send_wr &wr = ctx->wrs[0];
+  wr.opcode = IBV_WR_LOCAL_INV;
+  wr.invalidate_rkey = ctx->reg_rkey;
+  PostResult r = post_chain(qs, c, &wr, 1, nullptr);
+  if (r.err) return -r.err;  // one WR: nothing was posted
+  c.credits = ctx->reserved_credits;  // reserved when the bind was posted
+  ctx->reserved_credits = 0;
+  c.wr_posted = 1;
+  c.has_final = true;
+  fifo_append(qs, &c);
+  ctx->core->stats.local_invs++;
+  return 0;
+}
+
+}  // namespace
+
+// ------------------------------------------------- completion & teardown
+
+void rw_release_resources(Ctx *ctx) {
+  Core *core = ctx->core;
+  for (CacheEntry *e : ctx->cache_refs) core->cache.put(e);
+  ctx->cache_refs.clear();
+  for (ibv_mr *mr : ctx->own_mrs) {
+    ibv_dereg_mr(mr);
+    release_reg_slot(core);
+  }
+  ctx->own_mrs.clear();
+  if (ctx->stage) release_stage(core, ctx->stage);
+  ctx->stage = nullptr;
+  if (ctx->mkey) {
+    bool unknown = ctx->life == Ctx::kFailedPost || ctx->chains[0].status != IBV_WC_SUCCESS;
+    release_mkey(core, ctx->mkey, unknown);
+  }
+  ctx->mkey = nullptr;
+}
+
+void reg_release_resources(Ctx *ctx) {
+  Core *core = ctx->core;
+  if (ctx->mw) release_mw(core, ctx->mw, false);  // unbound by now
+  ctx->mw = nullptr;
+  for (ibv_mr *mr : ctx->own_mrs) {
+    ibv_dereg_mr(mr);
+    release_reg_slot(core);
+  }
+  ctx->own_mrs.clear();
+  for (CacheEntry *e : ctx->cache_refs) core->cache.put(e);
+  ctx->cache_refs.clear();
+}
+
+// Kills the key without the QP: freeing the window (or deregistering the
+// MR) invalidates it synchronously.
+void kill_reg_key_sync(Ctx *ctx) {
+  Core *core = ctx->core;
+  if (ctx->key != Ctx::kKeyLive) return;
+  if (ctx->mw) {
+    release_mw(core, ctx->mw, true);
+    ctx->mw = nullptr;
+  }
+  for (ibv_mr *mr : ctx->own_mrs) {
+    ibv_dereg_mr(mr);
+    release_reg_slot(core);
+  }
+  ctx->own_mrs.clear();
+  core->stats.sync_invalidations++;
+  mark_key_dead(ctx);
+}
+
+void finish_reg_release(Ctx *ctx, bool from_completion) {
+  if (from_completion && ctx->cb_owed) {
+    ctx->cb_owed = false;
+    if (ctx->cb) ctx->cb(reinterpret_cast<regcore_reg_ctx *>(ctx), 0, ctx->cb_arg);
+  }
+  maybe_recycle(ctx);
+}
+
+void on_final_completion(Ctx *ctx, Chain *c, ibv_wc *wc) {
+  bool post_chain_final = c == &ctx->chains[0];
+  if (post_chain_final) {
+    ctx->life = Ctx::kCompleted;
+    if (c->ulp_visible) {
+      wc->wr_id = c->ulp_wr_id;
+      // The root cause beats the FLUSH_ERR of the signaled WR after it.
+      if (c->status != IBV_WC_SUCCESS) wc->status = c->status;
+    }
+    if (ctx->kind == Ctx::kRw && ctx->strategy == REGCORE_RW_MR_STAGED &&
+        ctx->dir == REGCORE_DIR_READ && wc->status == IBV_WC_SUCCESS)
+      stage_copy(ctx, false);
+    return;
+  }
+  // chains[1]: the LOCAL_INV of a reg context.
+  if (wc->status == IBV_WC_SUCCESS)
+    mark_key_dead(ctx);
+  else
+    kill_reg_key_sync(ctx);
+  finish_reg_release(ctx, true);
+}
+
+}  // namespace rc
+
+using namespace rc;
+
+// =========================================================== public API
+
+extern "C" {
+
+int regcore_rw_ctx_init(struct regcore_rw_ctx **out, struct regcore *handle, struct ibv_qp *qp,
+                        const struct ibv_sge *sgl, unsigned nsge, uint64_t remote_addr,
+                        uint32_t rkey, enum regcore_dir dir) {
+  if (!out || !handle || !qp || (!sgl && nsge)) return fail(EINVAL, "regcore_rw_ctx_init: NULL argument");
+  if (dir != REGCORE_DIR_READ && dir != REGCORE_DIR_WRITE) return fail(EINVAL, "bad direction");
+  Core *core = core_of(handle);
+  QpState *qs = find_qp(core, qp);
+  if (!qs) return fail(EINVAL, "regcore_rw_ctx_init: QP not created by regcore_qp_create");
+  std::vector<ibv_sge> runs;
+  uint64_t bytes = 0;
+  coalesce(sgl, nsge, runs, &bytes);
+  if (runs.empty()) return fail(EINVAL, "regcore_rw_ctx_init: empty SGE list");
+  if (runs.size() > core->policy.max_sge_per_ctx)
+    return fail(E2BIG, "%zu SGEs exceed the declared max_sge_per_ctx=%u", runs.size(),
+                core->policy.max_sge_per_ctx);
+  if (bytes > UINT32_MAX) return fail(EINVAL, "regcore_rw_ctx_init: more than 4 GiB");
+  Ctx *ctx = ctx_alloc(core, qs, Ctx::kRw);
+  if (!ctx) return -EAGAIN;
+  ctx->dir = dir;
+  ctx->remote_addr = remote_addr;
+  ctx->rkey = rkey;
+  ctx->bytes = bytes;
+  ctx->runs.swap(runs);
+  ctx->strategy = regcore_policy_decide(&core->policy, dir, static_cast<unsigned>(ctx->runs.size()),
+                                        bytes, core->attr.flags);
+  if (int err = build_rw(ctx)) {
+    ctx->ulp_done = true;
+    maybe_recycle(ctx);
+    return err;
+  }
+  core->stats.rw_ctxs[ctx->strategy]++;
+  *out = reinterpret_cast<regcore_rw_ctx *>(ctx);
+  return static_cast<int>(ctx->nwr);
+}
+
+int regcore_rw_ctx_post(struct regcore_rw_ctx *handle, struct ibv_qp *qp, uint64_t wr_id,
+                        struct ibv_send_wr *chain_wr) {
+  if (!handle) return fail(EINVAL, "regcore_rw_ctx_post: NULL context");
+  Ctx *ctx = ctx_of(handle);
+  if (ctx->kind != Ctx::kRw || ctx->ulp_done || ctx->life != Ctx::kInit)
+    return fail(EINVAL, "regcore_rw_ctx_post: context not initialized or already posted");
+  QpState *qs = ctx->qp;
+  if (!qs || qs->qp != qp) return fail(EINVAL, "regcore_rw_ctx_post: not the context's QP");
+  bool indirect = ctx->strategy == REGCORE_RW_INDIRECT;
+  if (int err = check_chain_wr(ctx->core, chain_wr, indirect)) return err;
+  if (!take_credits(ctx->core, qs, ctx->nwr)) return -EAGAIN;
+  Chain &c = ctx->chains[0];
+  c.reset();
+  c.ulp_visible = true;
+  c.ulp_wr_id = chain_wr ? last_of(chain_wr)->wr_id : wr_id;
+  if (ctx->strategy == REGCORE_RW_MR_STAGED && ctx->dir == REGCORE_DIR_WRITE) stage_copy(ctx, true);
+  PostResult r;
+#if REGCORE_HAVE_MLX5DV
+  if (indirect) {
+    r = post_indirect(ctx, qs, c, chain_wr);
+    if (r.err == 0) ctx->mkey->need_inval = true;  // set at post, as rdma_rw does
+  } else
+#endif
+  {
+    r = post_chain(qs, c, ctx->wrs.data(), ctx->wrs.size(), chain_wr);
+  }
+  return finish_post(ctx, qs, c, r, ctx->nwr);
+}
+
+int regcore_rw_ctx_destroy(struct regcore_rw_ctx *handle) {
+  if (!handle) return fail(EINVAL, "regcore_rw_ctx_destroy: NULL context");
+  Ctx *ctx = ctx_of(handle);
+  if (ctx->kind != Ctx::kRw || ctx->ulp_done) return fail(EINVAL, "regcore_rw_ctx_destroy: not a live rw context");
+  if (ctx->life == Ctx::kPosted)
+    return fail(EBUSY, "regcore_rw_ctx_destroy: the context's completion has not been seen");
+  ctx->ulp_done = true;
+  maybe_recycle(ctx);
+  return 0;
+}
+
+enum regcore_rw_strategy regcore_rw_ctx_strategy(const struct regcore_rw_ctx *handle) {
+  return ctx_of(handle)->strategy;
+}
+
+int regcore_rw_ctx_remote_keys(const struct regcore_rw_ctx *handle, uint32_t *keys, unsigned max) {
+  const Ctx *ctx = ctx_of(handle);
+  unsigned access = ctx->dir == REGCORE_DIR_READ ? ctx->core->policy.read_sink_access : 0;
+  if (ctx->strategy != REGCORE_RW_MR_REG || !(access & IBV_ACCESS_REMOTE_WRITE)) return 0;
+  unsigned n = 0;
+  for (ibv_mr *mr : ctx->own_mrs) {
+    if (keys && n < max) keys[n] = mr->rkey;
+    n++;
+  }
+  return static_cast<int>(n);
+}
+
+// ------------------------------------------------------------ reg contexts
+
+static int reg_init_mw(Ctx *ctx, void *addr, size_t len) {
+  Core *core = ctx->core;
+  CacheEntry *e = nullptr;
+  if (int err = core->cache.get(reinterpret_cast<uintptr_t>(addr), len, core->internal_access, &e,
+                                core->stats))
+    return err;
+  ctx->cache_refs.push_back(e);
+  if (int err = acquire_mw(core, &ctx->mw)) return err;
+  ctx->mw->rkey = ibv_inc_rkey(ctx->mw->rkey);  // a fresh key on every reuse
+  ctx->reg_rkey = ctx->mw->rkey;
+  ctx->wrs.assign(1, ibv_send_wr{});
+  ibv_send_wr &wr = ctx->wrs[0];
+  wr.opcode = IBV_WR_BIND_MW;
+  wr.bind_mw.mw = ctx->mw->mw;
+  wr.bind_mw.rkey = ctx->reg_rkey;
+  wr.bind_mw.bind_info.mr = e->pub.ibv_mr;
+  wr.bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
+  wr.bind_mw.bind_info.length = len;
+  wr.bind_mw.bind_info.mw_access_flags = ctx->remote_access;
+  ctx->nwr = 1;
+  return 0;
+}
+
+static int reg_init_mr(Ctx *ctx, void *addr, size_t len) {
+  Core *core = ctx->core;
+  unsigned roles = ((ctx->remote_access & IBV_ACCESS_REMOTE_READ) ? REGCORE_ROLE_REMOTE_READ : 0) |
+                   ((ctx->remote_access & IBV_ACCESS_REMOTE_WRITE) ? REGCORE_ROLE_REMOTE_WRITE : 0) |
+                   ((ctx->remote_access & IBV_ACCESS_REMOTE_ATOMIC) ? REGCORE_ROLE_REMOTE_ATOMIC : 0);
+  if (int err = acquire_reg_slot(core)) return err;
+  ibv_mr *mr = ibv_reg_mr(core->pd, addr, len, regcore_access_flags_for(core->policy.transport, roles));
+  if (!mr) {
+    release_reg_slot(core);
+    return fail(errno ? errno : EIO, "ibv_reg_mr for a reg context failed");
+  }
+  ctx->own_mrs.push_back(mr);
+  ctx->reg_rkey = mr->rkey;
+  ctx->key = Ctx::kKeyLive;  // valid from registration on
+  ctx->nwr = 0;
+  return 0;
+}
+
+int regcore_reg_ctx_init(struct regcore_reg_ctx **out, struct regcore *handle, struct ibv_qp *qp,
+                         void *addr, size_t length, unsigned remote_access) {
+  if (!out || !handle || !qp || !addr || !length) return fail(EINVAL, "regcore_reg_ctx_init: bad argument");
+  const unsigned remote = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+  if (!remote_access || (remote_access & ~remote))
+    return fail(EINVAL, "regcore_reg_ctx_init: remote_access must be REMOTE_READ/WRITE/ATOMIC bits");
+  Core *core = core_of(handle);
+  QpState *qs = find_qp(core, qp);
+  if (!qs) return fail(EINVAL, "regcore_reg_ctx_init: QP not created by regcore_qp_create");
+  Ctx *ctx = ctx_alloc(core, qs, Ctx::kReg);
+  if (!ctx) return -EAGAIN;
+  ctx->reg_addr = addr;
+  ctx->reg_len = length;
+  ctx->remote_access = remote_access;
+  ctx->reg_strategy = core->mw_ok ? REGCORE_REG_MW : REGCORE_REG_MR;
+  int err = ctx->reg_strategy == REGCORE_REG_MW ? reg_init_mw(ctx, addr, length)
+                                                : reg_init_mr(ctx, addr, length);
+  if (err) {
+    kill_reg_key_sync(ctx);
+    ctx->ulp_done = true;
+    maybe_recycle(ctx);
+    return err;
+  }
+  core->stats.reg_ctxs[ctx->reg_strategy]++;
+  *out = reinterpret_cast<regcore_reg_ctx *>(ctx);
+  return 0;
+}
+
+int regcore_reg_ctx_rkey(const struct regcore_reg_ctx *handle, uint32_t *rkey, uint64_t *remote_addr) {
+  if (!handle) return fail(EINVAL, "regcore_reg_ctx_rkey: NULL context");
+  const Ctx *ctx = ctx_of(handle);
+  if (rkey) *rkey = ctx->reg_rkey;
+  if (remote_addr) *remote_addr = reinterpret_cast<uintptr_t>(ctx->reg_addr);
+  return 0;
+}
+
+int regcore_reg_ctx_post(struct regcore_reg_ctx *handle, struct ibv_send_wr *chain_wr) {
+  if (!handle) return fail(EINVAL, "regcore_reg_ctx_post: NULL context");
+  Ctx *ctx = ctx_of(handle);
+  if (ctx->kind != Ctx::kReg || ctx->ulp_done || ctx->life != Ctx::kInit)
+    return fail(EINVAL, "regcore_reg_ctx_post: context not initialized or already posted");
+  QpState *qs = ctx->qp;
+  if (!qs) return fail(ENOTCONN, "regcore_reg_ctx_post: the QP was destroyed");
+  if (int err = check_chain_wr(ctx->core, chain_wr, false)) return err;
+  bool mw = ctx->reg_strategy == REGCORE_REG_MW;
+  if (!mw && !chain_wr) {
+    ctx->life = Ctx::kPosted;  // registered synchronously: nothing to post
+    return 0;
+  }
+  // A window reserves room for its LOCAL_INV now, so release never waits.
+  uint32_t need = mw ? 2 : 0;
+  if (!take_credits(ctx->core, qs, need)) return -EAGAIN;
+  Chain &c = ctx->chains[0];
+  c.reset();
+  c.ulp_visible = chain_wr != nullptr;
+  c.ulp_wr_id = chain_wr ? last_of(chain_wr)->wr_id : 0;
+  PostResult r = post_chain(qs, c, mw ? ctx->wrs.data() : nullptr, mw ? 1 : 0, chain_wr);
+  if (mw && r.internal_posted) {
+    ctx->key = Ctx::kKeyLive;
+    ctx->core->live_rkeys[ctx->reg_rkey] = ctx;
+  }
+  if (mw && (r.err == 0 || r.any_posted)) {
+    ctx->reserved_credits = 1;
+    qs->credits -= 1;
+  }
+  return finish_post(ctx, qs, c, r, mw ? 1 : 0);
+}
+
+int regcore_reg_ctx_release(struct regcore_reg_ctx *handle, uint32_t invalidated_rkey,
+                            regcore_release_cb cb, void *arg) {
+  if (!handle) return fail(EINVAL, "regcore_reg_ctx_release: NULL context");
+  Ctx *ctx = ctx_of(handle);
+  if (ctx->kind != Ctx::kReg || ctx->ulp_done)
+    return fail(EINVAL, "regcore_reg_ctx_release: not a live reg context");
+  Core *core = ctx->core;
+  ctx->ulp_done = true;
+  bool window = ctx->reg_strategy == REGCORE_REG_MW;
+  if (invalidated_rkey && window && ctx->key == Ctx::kKeyLive && invalidated_rkey == ctx->reg_rkey) {
+    core->stats.remote_inv_matched++;
+    mark_key_dead(ctx);  // the peer's SEND_WITH_INV already killed it
+  } else if (invalidated_rkey) {
+    core->stats.remote_inv_mismatched++;
+    fail(EKEYREJECTED, "peer invalidated rkey %#x, expected %#x: invalidating locally",
+         invalidated_rkey, ctx->reg_rkey);
+    note_foreign_invalidation(core, invalidated_rkey);
+  }
+  if (ctx->key == Ctx::kKeyLive) {
+    if (!window || !ctx->qp || ctx->qp->error || post_local_inv(ctx) != 0) {
+      kill_reg_key_sync(ctx);
+    } else {
+      ctx->cb = cb;
+      ctx->cb_arg = arg;
+      ctx->cb_owed = true;
+      return -EINPROGRESS;
+    }
+  }
+  finish_reg_release(ctx, false);
+  return 0;
+}
+
+enum regcore_reg_strategy regcore_reg_ctx_strategy(const struct regcore_reg_ctx *handle) {
+  return ctx_of(handle)->reg_strategy;
+}
+
+int regcore_reg_ctx_remote_inv_ok(const struct regcore_reg_ctx *handle) {
+  return ctx_of(handle)->reg_strategy == REGCORE_REG_MW;
+}
+
+}  // extern "C"
