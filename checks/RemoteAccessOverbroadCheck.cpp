@@ -82,6 +82,9 @@ static bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
         continue; // the registration storing the handle
       if (BO->isComparisonOp() || BO->isLogicalOp())
         continue;
+      if (auto Member = A.classifyMember(BO->getLHS()))
+        if (Member->Role == "reg_mr" || Member->Role == "bind_mr")
+          continue; // the fast registration or bind of this very MR
       if (BO->isAssignmentOp())
         if (auto Target = locationOf(BO->getLHS()))
           if (Target->Steps.empty() &&
@@ -92,6 +95,16 @@ static bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
     if (const auto *CE = dyn_cast<CallExpr>(P)) {
       if (A.modelOf(CE))
         continue; // verbs that only use the MR locally
+      return true;
+    }
+    if (isa<InitListExpr>(P)) {
+      // `(struct ib_reg_wr){ .mr = mr, ... }` registers it; any other
+      // aggregate takes the handle somewhere we do not follow.
+      bool Registers = llvm::any_of(A.stores(), [&](const FieldStore &S) {
+        return S.Value == Child && (S.Role == "reg_mr" || S.Role == "bind_mr");
+      });
+      if (Registers)
+        continue;
       return true;
     }
     if (isa<UnaryOperator>(P) || isa<IfStmt>(P) || isa<WhileStmt>(P) ||
@@ -195,7 +208,7 @@ void RemoteAccessOverbroadCheck::checkGlobalRkey(const TuAnalysis &A) {
     FlagSet V = A.values(C.Caller).flags(Flags);
     for (const FlagAlt &Alt : V.Alts)
       if (Alt.Known & static_cast<uint64_t>(*Bit)) {
-        report(A, Flags->getBeginLoc(),
+        report(A, Flags->IgnoreParenImpCasts()->getBeginLoc(),
                Name.str() + " gives any peer that learns the PD's global "
                             "rkey remote read and write access to all of "
                             "memory; register per I/O with rdma_rw or "

@@ -57,19 +57,30 @@ static bool isPointerLike(QualType T) {
 std::string Location::typeKey() const {
   if (!Root)
     return {};
-  const auto *VD = dyn_cast<VarDecl>(Root);
-  bool Shared = VD && (VD->hasGlobalStorage() || isPointerLike(VD->getType()));
-  if (!Shared || Steps.empty() || !Steps.front().Field) {
+  // The storage lives in the object reached by the last pointer hop:
+  // `req->conn->msg.mr` is the `msg.mr` of some struct ulp_conn.
+  size_t Start = Steps.size();
+  for (size_t I = 0; I + 1 < Steps.size(); ++I)
+    if (Steps[I].Field && Steps[I + 1].Field &&
+        isPointerLike(Steps[I].Field->getType()) &&
+        !Steps[I].Field->getType()->isArrayType())
+      Start = I + 1;
+  if (Start == Steps.size()) {
+    // No hop: the root must itself be shared (a pointer or a global).
+    const auto *VD = dyn_cast<VarDecl>(Root);
     if (VD && VD->hasGlobalStorage())
       return "::" + Root->getName().str() +
              (Steps.empty() ? "" : "." + fieldPath());
-    return {};
+    if (!VD || !isPointerLike(VD->getType()) || Steps.empty() ||
+        !Steps.front().Field)
+      return {};
+    Start = 0;
   }
-  const RecordDecl *RD = Steps.front().Field->getParent();
+  const RecordDecl *RD = Steps[Start].Field->getParent();
   std::string Name = RD->getName().str();
   if (Name.empty())
     return {};
-  return Name + "." + fieldPath();
+  return Name + "." + fieldPath(Start);
 }
 
 const Expr *stripExpr(const Expr *E) {

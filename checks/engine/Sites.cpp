@@ -33,8 +33,8 @@ static const FieldStore *sibling(const TuAnalysis &A, const FieldStore &S,
                                  StringRef Role) {
   const FieldStore *Found = nullptr;
   for (const FieldStore &O : A.stores())
-    if (O.Role == Role &&
-        A.sameStorage(O.Object, O.Fn, S.Object, S.Fn))
+    if (O.Role == Role && A.sameStorage(O.Object, O.Fn, S.Object, S.Fn) &&
+        (!Found || O.Fn == S.Fn))
       Found = &O;
   return Found;
 }
@@ -151,6 +151,14 @@ llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,
   return Ops;
 }
 
+/// Stores in \p Fn itself describe what \p Fn builds; stores elsewhere that
+/// reach the same struct field only matter when \p Fn has none.
+static void preferLocal(std::vector<const FieldStore *> &Stores,
+                        const FunctionDecl *Fn) {
+  if (llvm::any_of(Stores, [&](const FieldStore *S) { return S->Fn == Fn; }))
+    llvm::erase_if(Stores, [&](const FieldStore *S) { return S->Fn != Fn; });
+}
+
 /// What an lkey value names: `mr->lkey` -> mr; `pd->local_dma_lkey` -> DMA.
 static void addressSink(const TuAnalysis &A, const FunctionDecl *Fn,
                         const Expr *Lkey, ReadSink &Sink) {
@@ -176,12 +184,14 @@ static void sinksOfSgList(const TuAnalysis &A, const FunctionDecl *Fn,
   std::optional<Location> Sg = locationOf(SgList);
   if (!Sg)
     return;
-  for (const FieldStore &L : A.stores()) {
-    if (L.Role != "lkey" || !L.Value ||
-        !A.withinStorage(L.Object, L.Fn, *Sg, Fn))
-      continue;
+  std::vector<const FieldStore *> Lkeys;
+  for (const FieldStore &L : A.stores())
+    if (L.Role == "lkey" && L.Value && A.withinStorage(L.Object, L.Fn, *Sg, Fn))
+      Lkeys.push_back(&L);
+  preferLocal(Lkeys, Fn);
+  for (const FieldStore *L : Lkeys) {
     ReadSink Sink = Proto;
-    addressSink(A, L.Fn, L.Value, Sink);
+    addressSink(A, L->Fn, L->Value, Sink);
     if (Sink.Region || Sink.LocalDmaLkey)
       Out.push_back(Sink);
   }
@@ -193,13 +203,17 @@ std::vector<ReadSink> readSinks(const TuAnalysis &A) {
   for (const FieldStore &S : A.stores()) {
     if (S.Role != "opcode" || !llvm::is_contained(opcodesOf(A, S), Opcode::RdmaRead))
       continue;
+    std::vector<const FieldStore *> Lists;
     for (const FieldStore &List : A.stores())
       if (List.Role == "sg_list" && List.Value &&
           A.sameStorage(List.Object, List.Fn, S.Object, S.Fn))
-        sinksOfSgList(A, List.Fn, List.Value,
-                      {S.Fn, S.Spelling->getBeginLoc(), std::nullopt, nullptr,
-                       false},
-                      Out);
+        Lists.push_back(&List);
+    preferLocal(Lists, S.Fn);
+    for (const FieldStore *List : Lists)
+      sinksOfSgList(A, List->Fn, List->Value,
+                    {S.Fn, S.Spelling->getBeginLoc(), std::nullopt, nullptr,
+                     false},
+                    Out);
   }
   // librdmacm helpers and the extended post API.
   const ApiCall *PendingRead = nullptr;

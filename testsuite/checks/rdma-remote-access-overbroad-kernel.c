@@ -1,0 +1,77 @@
+// RUN: %check_ulplint --kernel %s rdma-remote-access-overbroad %t
+// RUN: %check_ulplint --kernel --mode=plugin %s rdma-remote-access-overbroad %t.plugin
+
+// Kernel: the PD's unsafe global rkey, and fast registrations with remote
+// rights whose rkey is never sent.
+
+#include <rdma/ib_verbs.h>
+#include <rdma/mr_pool.h>
+#include <linux/unaligned.h>
+
+struct demo_dev {
+	struct ib_device *ibdev;
+	struct ib_pd *pd;
+	bool trusted_fabric;
+};
+
+struct demo_sgl_desc {
+	u8 addr[8];
+	u8 length[3];
+	u8 key[4];
+};
+
+struct demo_request {
+	struct ib_mr *mr;
+	struct ib_mr *scratch_mr;
+	struct ib_reg_wr reg_wr;
+	struct ib_reg_wr scratch_reg;
+	struct ib_send_wr inv_wr;
+	struct demo_sgl_desc *desc;
+};
+
+static int demo_alloc_pd(struct demo_dev *dev)
+{
+	unsigned int flags = 0;
+
+	if (dev->trusted_fabric)
+		flags |= IB_PD_UNSAFE_GLOBAL_RKEY;
+	dev->pd = ib_alloc_pd(dev->ibdev, flags);
+	// CHECK-MESSAGES: :[[@LINE-1]]:36: warning: IB_PD_UNSAFE_GLOBAL_RKEY gives any peer that learns the PD's global rkey remote read and write access to all of memory; register per I/O with rdma_rw or a registration context instead [rdma-remote-access-overbroad]
+	return dev->pd ? 0 : -ENOMEM;
+}
+
+/* The scratch MR gets remote read rights, but only its lkey is ever used. */
+static void demo_reg_scratch(struct demo_request *req)
+{
+	req->scratch_reg.wr.opcode = IB_WR_REG_MR;
+	req->scratch_reg.mr = req->scratch_mr;
+	req->scratch_reg.key = req->scratch_mr->rkey;
+	req->scratch_reg.access = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_READ;
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'IB_WR_REG_MR' grants IB_ACCESS_REMOTE_READ but the MR's rkey never leaves this translation unit; no peer can use these rights, drop them [rdma-remote-access-overbroad]
+}
+
+static void demo_inv_scratch(struct demo_request *req)
+{
+	req->inv_wr.opcode = IB_WR_LOCAL_INV;
+	req->inv_wr.ex.invalidate_rkey = req->scratch_mr->rkey;
+	ib_update_fast_reg_key(req->scratch_mr, ib_inc_rkey(req->scratch_mr->rkey));
+}
+
+/* Near misses. */
+
+/* nvme-rdma: the rkey is written into the command's SGL descriptor. */
+static void ok_nvme_style(struct demo_request *req)
+{
+	req->reg_wr.wr.opcode = IB_WR_REG_MR;
+	req->reg_wr.mr = req->mr;
+	req->reg_wr.key = req->mr->rkey;
+	req->reg_wr.access = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_READ |
+			     IB_ACCESS_REMOTE_WRITE;
+	put_unaligned_le32(req->mr->rkey, req->desc->key);
+}
+
+static int ok_safe_pd(struct demo_dev *dev)
+{
+	dev->pd = ib_alloc_pd(dev->ibdev, 0);
+	return dev->pd ? 0 : -ENOMEM;
+}
