@@ -180,7 +180,7 @@ int acquire_mkey(Core *core, MkeyRec **out) {
   mlx5dv_mkey_init_attr a{};
   a.pd = core->pd;
   a.create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT;
-  a.max_entries = static_cast<uint16_t>(core->policy.max_sge_per_ctx);
+  a.max_entries = static_cast<uint16_t>(core->attr.max_sge_per_ctx);
   mlx5dv_mkey *mk = mlx5dv_create_mkey(&a);
   if (!mk) {
     release_reg_slot(core);

@@ -93,6 +93,7 @@ struct Env {
     a.cap.max_recv_wr = opt.recv_wr;
     a.cap.max_recv_sge = 1;
     a.cap.max_send_sge = 1;
+    a.cap.max_inline_data = 64;
     if (int err = regcore_qp_create(core, &a, opt.qp_ctxs, &qp)) die("regcore_qp_create " + std::to_string(err));
     if (simverbs_peer_connect(peer, qp)) die("simverbs_peer_connect");
   }
