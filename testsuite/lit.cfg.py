@@ -8,7 +8,7 @@ import lit.formats
 config.name = "ulplint"
 config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".c", ".cpp", ".test"]
-config.excludes = ["Inputs", "example", "bench", "check_ulplint.py"]
+config.excludes = ["Inputs", "example", "bench", "check_ulplint.py", "expect_exit.py", "validate_json.py"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.ulplint_obj_root, "testsuite")
 
@@ -34,6 +34,11 @@ config.substitutions.append(("%plugin", plugin))
 config.substitutions.append(("%clang_tidy", config.clang_tidy))
 config.substitutions.append(("%clang", config.clang))
 config.substitutions.append(("%kernel_include", kernel_include))
+config.substitutions.append(("%expect_exit", "%s %s" % (python, os.path.join(src, "testsuite", "expect_exit.py"))))
+config.substitutions.append(("%validate_json", "%s %s" % (python, os.path.join(src, "testsuite", "validate_json.py"))))
+config.substitutions.append(("%sarif_schema", os.path.join(src, "testsuite", "Inputs", "sarif-schema-2.1.0.json")))
+config.substitutions.append(("%example_db", os.path.join(obj, "example")))
+config.substitutions.append(("%example", os.path.join(src, "testsuite", "example")))
 config.substitutions.append(("%python", python))
 config.substitutions.append(("%srcroot", src))
 config.substitutions.append(("%bindir", obj))

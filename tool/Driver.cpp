@@ -18,6 +18,7 @@
 #include "clang/Tooling/Tooling.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/ThreadPool.h"
@@ -168,8 +169,44 @@ static std::vector<std::string> unknownChecks(llvm::StringRef Globs,
   return Unknown;
 }
 
+/// The .clang-tidy files clang-tidy would read for \p File must parse:
+/// clang-tidy itself only prints the error and carries on with defaults.
+static llvm::Error verifyConfigFiles(llvm::StringRef File,
+                                     std::set<std::string> &Checked) {
+  llvm::SmallString<256> Dir(llvm::sys::path::parent_path(File));
+  for (; !Dir.empty(); Dir = llvm::sys::path::parent_path(Dir)) {
+    llvm::SmallString<256> Config(Dir);
+    llvm::sys::path::append(Config, ".clang-tidy");
+    if (!llvm::sys::fs::exists(Config))
+      continue;
+    if (!Checked.insert(std::string(Config)).second)
+      return llvm::Error::success();
+    auto Buffer = llvm::MemoryBuffer::getFile(Config);
+    if (!Buffer)
+      return inputError("cannot read '" + Config + "'");
+    std::string Problem;
+    auto Parsed = parseConfigurationWithDiags(
+        (*Buffer)->getMemBufferRef(), [&](const llvm::SMDiagnostic &D) {
+          if (Problem.empty())
+            Problem = std::to_string(D.getLineNo()) + ":" +
+                      std::to_string(D.getColumnNo() + 1) + ": " +
+                      D.getMessage().str();
+        });
+    if (!Parsed)
+      return inputError("malformed configuration '" + Config + "'" +
+                        (Problem.empty() ? "" : ":" + Problem));
+    if (!Parsed->InheritParentConfig.value_or(false))
+      return llvm::Error::success();
+  }
+  return llvm::Error::success();
+}
+
 llvm::Error verifyConfiguration(const RunOptions &Opts,
                                 llvm::ArrayRef<std::string> Files) {
+  std::set<std::string> ConfigFiles;
+  for (const std::string &File : Files)
+    if (llvm::Error E = verifyConfigFiles(File, ConfigFiles))
+      return E;
   std::vector<std::string> Known = registeredChecks();
   auto Provider = makeOptionsProvider(Opts);
   if (!Provider)
@@ -239,6 +276,29 @@ bool isCompilerDiagnostic(const ClangTidyError &E) {
 }
 } // namespace
 
+/// "file:line:col: message" for a compiler error.
+static std::string describeError(const ClangTidyError &E) {
+  std::string Where = E.Message.FilePath;
+  if (Where.empty())
+    return E.Message.Message;
+  llvm::SmallString<256> Path(Where);
+  if (llvm::sys::path::is_relative(Path) && !E.BuildDirectory.empty()) {
+    Path = E.BuildDirectory;
+    llvm::sys::path::append(Path, Where);
+  }
+  if (auto Buffer = llvm::MemoryBuffer::getFile(Path)) {
+    llvm::StringRef Before =
+        (*Buffer)->getBuffer().take_front(E.Message.FileOffset);
+    size_t LineStart = Before.rfind('\n');
+    unsigned Column = Before.size() -
+                      (LineStart == llvm::StringRef::npos ? 0 : LineStart + 1) +
+                      1;
+    Where += ":" + std::to_string(Before.count('\n') + 1) + ":" +
+             std::to_string(Column);
+  }
+  return Where + ": " + E.Message.Message;
+}
+
 static UnitResult analyzeUnit(const CompilationDatabase &DB,
                               const std::string &File, const RunOptions &Opts) {
   UnitResult Result;
@@ -282,9 +342,7 @@ static UnitResult analyzeUnit(const CompilationDatabase &DB,
       continue;
     }
     if (E.DiagLevel == ClangTidyError::Error)
-      Result.ParseErrors.push_back(E.Message.FilePath + ":" +
-                                   std::to_string(E.Message.FileOffset) +
-                                   ": " + E.Message.Message);
+      Result.ParseErrors.push_back(describeError(E));
   }
   if (Status != 0 && Result.ParseErrors.empty())
     Result.ParseErrors.push_back("the compiler could not process this file");

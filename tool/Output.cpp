@@ -223,7 +223,7 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                                      {"length", R.getLength()},
                                      {"line", G.StartLine},
                                      {"column", G.StartColumn},
-                                     {"replacement", R.getReplacementText()}});
+                                     {"replacement", R.getReplacementText().str()}});
       }
     Items.push_back(json::Object{{"check", E.DiagnosticName},
                                  {"severity", F.Severity},
@@ -269,7 +269,7 @@ static json::Object sarifFix(const ClangTidyError &E, const OutputOptions &Opts)
                                          {"startColumn", G.StartColumn},
                                          {"endLine", G.EndLine},
                                          {"endColumn", G.EndColumn}}},
-          {"insertedContent", json::Object{{"text", R.getReplacementText()}}}});
+          {"insertedContent", json::Object{{"text", R.getReplacementText().str()}}}});
     }
     json::Object Loc = sarifLocation(File, 1, 1, Opts);
     json::Object *Physical = Loc.getObject("physicalLocation");

@@ -4,6 +4,7 @@
 #include "Analysis.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/ParentMap.h"
+#include "clang/AST/RecursiveASTVisitor.h"
 #include "clang/AST/StmtVisitor.h"
 #include "llvm/ADT/STLExtras.h"
 #include <deque>
@@ -474,7 +475,42 @@ std::optional<int64_t> ValueEval::constant(const Expr *E) const {
   return R.Val.getInt().trySExtValue();
 }
 
-FlagSet ValueEval::flags(const Expr *E) const { return eval(E, 0); }
+FlagSet ValueEval::flags(const Expr *E) const { return eval(E, BaseDepth); }
+
+namespace {
+struct ReturnValues : RecursiveASTVisitor<ReturnValues> {
+  llvm::SmallVector<const Expr *, 4> Values;
+  bool VisitReturnStmt(ReturnStmt *RS) {
+    if (RS->getRetValue())
+      Values.push_back(RS->getRetValue());
+    return true;
+  }
+};
+} // namespace
+
+FlagSet ValueEval::evalCall(const CallExpr *CE, unsigned Depth) const {
+  FlagSet Unknown = FlagSet::unknown(CE);
+  const FunctionModel *M = A.modelOf(CE);
+  if (M) {
+    if (M->E == Effect::CoreAccessFlags)
+      Unknown.Alts.front().FromCoreHelper = true;
+    return Unknown;
+  }
+  const FunctionDecl *Callee = CE->getDirectCallee();
+  if (Callee)
+    Callee = Callee->getDefinition();
+  if (!Callee || Depth > 8 || !llvm::is_contained(A.functions(), Callee))
+    return Unknown;
+  ReturnValues RV;
+  RV.TraverseStmt(Callee->getBody());
+  if (RV.Values.empty())
+    return Unknown;
+  ValueEval Inner(A, A.flow(Callee), Depth + 4);
+  FlagSet Result;
+  for (const Expr *V : RV.Values)
+    Result.add(Inner.eval(V, Depth + 4));
+  return Result;
+}
 
 FlagSet ValueEval::eval(const Expr *E, unsigned Depth) const {
   E = stripExpr(E);
@@ -505,13 +541,8 @@ FlagSet ValueEval::eval(const Expr *E, unsigned Depth) const {
       return FlagSet::unknown(E);
     }
   }
-  if (const auto *CE = dyn_cast<CallExpr>(E)) {
-    FlagSet S = FlagSet::unknown(E);
-    const FunctionModel *M = A.modelOf(CE);
-    if (M && M->E == Effect::CoreAccessFlags)
-      S.Alts.front().FromCoreHelper = true;
-    return S;
-  }
+  if (const auto *CE = dyn_cast<CallExpr>(E))
+    return evalCall(CE, Depth);
   if (auto L = locationOf(E))
     return evalLocation(E, Flow.resolve(*L), Depth + 1);
   return FlagSet::unknown(E);

@@ -147,8 +147,8 @@ struct FlagSet {
 /// Evaluates integer flag expressions inside one function.
 class ValueEval {
 public:
-  ValueEval(const TuAnalysis &A, const FunctionFlow &Flow)
-      : A(A), Flow(Flow) {}
+  ValueEval(const TuAnalysis &A, const FunctionFlow &Flow, unsigned BaseDepth = 0)
+      : A(A), Flow(Flow), BaseDepth(BaseDepth) {}
 
   FlagSet flags(const clang::Expr *E) const;
   /// Value of \p L right after the definition(s) made by statement \p At.
@@ -166,9 +166,12 @@ private:
   FlagSet evalLocation(const clang::Stmt *Use, const Location &L,
                        unsigned Depth) const;
   FlagSet evalReaching(const Def &D, const Location &L, unsigned Depth) const;
+  /// Values a helper of this unit returns, whatever its arguments.
+  FlagSet evalCall(const clang::CallExpr *CE, unsigned Depth) const;
 
   const TuAnalysis &A;
   const FunctionFlow &Flow;
+  unsigned BaseDepth;
 };
 
 } // namespace ulplint
