@@ -94,7 +94,7 @@ void AccessFlagsInvalidCheck::checkBind(const TuAnalysis &A,
   uint64_t Granted = 0;
   for (const FlagAlt &Alt : Bind.Value.Alts)
     Granted |= Alt.Known;
-  for (const AccessSite *RegPtr : rightsOf(A, Sites, *Bind.Region, Bind.Fn)) {
+  for (const AccessSite *RegPtr : rightsOf(A, Sites, *Bind.Region, Bind.RegionFn)) {
     const AccessSite &Reg = *RegPtr;
     if (Reg.K != AccessSite::Registration)
       continue;

@@ -22,7 +22,8 @@ void AccessFlagsTransportCheck::run(const TuAnalysis &A) {
     return;
   std::vector<AccessSite> Sites = accessSites(A);
   checkTransportTests(A, Sites);
-  if (AssumeIWarp)
+  // A ULP that refuses iWARP devices never meets the READ-sink rule.
+  if (AssumeIWarp && !A.iwarpGuard())
     checkReadSinks(A, Sites);
 }
 
@@ -65,11 +66,13 @@ void AccessFlagsTransportCheck::checkReadSinks(
   uint64_t RemoteWrite = A.accessBit("remote_write");
   llvm::DenseSet<const AccessSite *> Reported;
   for (const ReadSink &Sink : readSinks(A)) {
+    std::string OtherFileRefuses = "refuses-iwarp:" + A.ulpKey();
     if (Sink.LocalDmaLkey) {
-      report(A, Sink.ReadLoc,
+      reportUnless(A, Sink.ReadLoc,
              "RDMA READ into memory addressed with the PD's local_dma_lkey; "
              "on iWARP a READ sink must be registered with "
-             "IB_ACCESS_REMOTE_WRITE; " + helperAdvice(Domain::Kernel).str());
+             "IB_ACCESS_REMOTE_WRITE; " + helperAdvice(Domain::Kernel).str(),
+             OtherFileRefuses);
       continue;
     }
     for (const AccessSite *Reg : rightsOf(A, Sites, *Sink.Region, Sink.RegionFn)) {
@@ -77,11 +80,12 @@ void AccessFlagsTransportCheck::checkReadSinks(
           !Reported.insert(Reg).second)
         continue;
       StringRef Name = A.rules().flagName(Reg->D, "access", "remote_write");
-      report(A, Reg->Loc,
-             "memory registered without " + Name.str() +
-                 " is the sink of an RDMA READ; on iWARP the READ response "
-                 "is a tagged write into the sink, so the READ fails; " +
-                 helperAdvice(Reg->D).str());
+      reportUnless(A, Reg->Loc,
+                   "memory registered without " + Name.str() +
+                       " is the sink of an RDMA READ; on iWARP the READ "
+                       "response is a tagged write into the sink, so the "
+                       "READ fails; " + helperAdvice(Reg->D).str(),
+                   OtherFileRefuses);
       note(A, Sink.ReadLoc, "RDMA READ into this memory");
     }
   }

@@ -129,6 +129,8 @@ static bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
 static bool isUnitPrivate(const TuAnalysis &A, const Location &Region,
                           const FunctionDecl *Fn) {
   Location R = A.flow(Fn).resolve(Region);
+  if (isa<ParmVarDecl>(R.Root) && R.Steps.empty())
+    return false; // the caller has the MR too
   if (R.typeKey().empty())
     return true; // a local of Fn
   const auto *VD = dyn_cast<VarDecl>(R.Root);
@@ -147,10 +149,10 @@ void RemoteAccessOverbroadCheck::checkUnusedRights(const TuAnalysis &A,
   for (const FlagAlt &Alt : S.Value.Alts)
     if (Alt.exact())
       Granted |= Alt.Known & Remote;
-  if (!Granted || !S.Region || !isUnitPrivate(A, *S.Region, S.Fn) ||
-      rkeyMayLeave(A, *S.Region, S.Fn))
+  if (!Granted || !S.Region || !isUnitPrivate(A, *S.Region, S.RegionFn) ||
+      rkeyMayLeave(A, *S.Region, S.RegionFn))
     return;
-  bool Local = A.flow(S.Fn).resolve(*S.Region).typeKey().empty();
+  bool Local = A.flow(S.RegionFn).resolve(*S.Region).typeKey().empty();
   report(A, S.Loc,
          "'" + S.What + "' grants " + accessNames(A, S.D, Granted) +
              " but the MR's rkey never leaves this " +

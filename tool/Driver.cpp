@@ -108,7 +108,8 @@ public:
 } // namespace
 
 llvm::Expected<std::unique_ptr<ClangTidyOptionsProvider>>
-makeOptionsProvider(const RunOptions &Opts) {
+makeOptionsProvider(const RunOptions &Opts,
+                    llvm::IntrusiveRefCntPtr<llvm::vfs::FileSystem> FS) {
   ClangTidyGlobalOptions Global;
   ClangTidyOptions Defaults = ClangTidyOptions::getDefaults();
   Defaults.Checks = "-*,rdma-*";
@@ -133,9 +134,10 @@ makeOptionsProvider(const RunOptions &Opts) {
     if (Config.Checks && !llvm::StringRef(*Config.Checks).contains("rdma"))
       Config.Checks = *Config.Checks + ",rdma-*";
     return std::make_unique<ConfigOptionsProvider>(
-        Global, Defaults, std::move(Config), std::move(Override));
+        Global, Defaults, std::move(Config), std::move(Override), FS);
   }
-  return std::make_unique<UlplintOptionsProvider>(Global, Defaults, Override);
+  return std::make_unique<UlplintOptionsProvider>(Global, Defaults, Override,
+                                                  FS);
 }
 
 std::vector<std::string> registeredChecks() {
@@ -303,16 +305,16 @@ static UnitResult analyzeUnit(const CompilationDatabase &DB,
                               const std::string &File, const RunOptions &Opts) {
   UnitResult Result;
   Result.File = File;
-  auto Provider = makeOptionsProvider(Opts);
+  // A physical file system of its own: ClangTool changes the working
+  // directory per command, and the process-wide one is shared by threads.
+  auto FS = llvm::makeIntrusiveRefCnt<llvm::vfs::OverlayFileSystem>(
+      llvm::vfs::createPhysicalFileSystem());
+  auto Provider = makeOptionsProvider(Opts, FS);
   if (!Provider) {
     Result.ParseErrors.push_back(llvm::toString(Provider.takeError()));
     return Result;
   }
   ClangTidyContext Context(std::move(*Provider), false, false, false);
-  // A physical file system of its own: ClangTool changes the working
-  // directory per command, and the process-wide one is shared by threads.
-  auto FS = llvm::makeIntrusiveRefCnt<llvm::vfs::OverlayFileSystem>(
-      llvm::vfs::createPhysicalFileSystem());
   ClangTool Tool(DB, {File}, std::make_shared<PCHContainerOperations>(), FS);
   Tool.appendArgumentsAdjuster(
       [](const CommandLineArguments &Args, llvm::StringRef) {
@@ -334,7 +336,11 @@ static UnitResult analyzeUnit(const CompilationDatabase &DB,
   Tool.setPrintErrorMessage(false);
 
   TidyActionFactory Factory(Context, FS);
-  int Status = Tool.run(&Factory);
+  int Status;
+  {
+    FactScope Scope(&Result.Facts);
+    Status = Tool.run(&Factory);
+  }
 
   for (ClangTidyError &E : Consumer.take()) {
     if (!isCompilerDiagnostic(E)) {
@@ -347,6 +353,21 @@ static UnitResult analyzeUnit(const CompilationDatabase &DB,
   if (Status != 0 && Result.ParseErrors.empty())
     Result.ParseErrors.push_back("the compiler could not process this file");
   return Result;
+}
+
+void settleConditions(std::vector<UnitResult> &Units) {
+  std::set<std::string> Facts;
+  for (const UnitResult &U : Units)
+    Facts.insert(U.Facts.Facts.begin(), U.Facts.Facts.end());
+  for (UnitResult &U : Units)
+    for (const ConditionalFinding &C : U.Facts.Conditions) {
+      if (!Facts.count(C.UnlessFact))
+        continue;
+      llvm::erase_if(U.Findings, [&](const ClangTidyError &E) {
+        return E.DiagnosticName == C.Check && E.Message.FilePath == C.File &&
+               E.Message.FileOffset == C.Offset;
+      });
+    }
 }
 
 std::vector<UnitResult> analyze(const CompilationDatabase &DB,

@@ -3,6 +3,7 @@
 #ifndef ULPLINT_TOOL_DRIVER_H
 #define ULPLINT_TOOL_DRIVER_H
 
+#include "engine/Facts.h"
 #include "clang-tidy/ClangTidyDiagnosticConsumer.h"
 #include "clang-tidy/ClangTidyOptions.h"
 #include "clang/Tooling/CompilationDatabase.h"
@@ -29,7 +30,12 @@ struct UnitResult {
   std::vector<clang::tidy::ClangTidyError> Findings;
   /// Compiler errors: a unit that does not parse is an input error.
   std::vector<std::string> ParseErrors;
+  /// Facts for other units, and findings that depend on theirs.
+  UnitFacts Facts;
 };
+
+/// Drops the findings whose condition another unit's fact settles.
+void settleConditions(std::vector<UnitResult> &Units);
 
 /// Loads the compile database named by -p (a directory or the JSON file).
 llvm::Expected<std::unique_ptr<clang::tooling::CompilationDatabase>>
@@ -41,8 +47,10 @@ std::vector<std::string> sanitizeCommand(llvm::ArrayRef<std::string> Args);
 /// The options provider ulplint uses: .clang-tidy files as clang-tidy reads
 /// them, rdma-* enabled unless a configuration names rdma checks itself,
 /// and the command line on top.
+/// \p FS resolves relative paths (it follows the unit's working directory).
 llvm::Expected<std::unique_ptr<clang::tidy::ClangTidyOptionsProvider>>
-makeOptionsProvider(const RunOptions &Opts);
+makeOptionsProvider(const RunOptions &Opts,
+                    llvm::IntrusiveRefCntPtr<llvm::vfs::FileSystem> FS = nullptr);
 
 /// Validates --checks and CheckOptions against the registered checks.
 llvm::Error verifyConfiguration(const RunOptions &Opts,

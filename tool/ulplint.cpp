@@ -259,6 +259,7 @@ int main(int argc, const char **argv) {
     return usageError(toString(std::move(E)));
 
   std::vector<UnitResult> Units = analyze(*DB, *Files, Run);
+  settleConditions(Units);
   std::vector<Finding> Findings = collectFindings(Units);
 
   if (int Rc = writeOutput(Findings, Units))

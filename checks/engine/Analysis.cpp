@@ -1,11 +1,13 @@
 //===- Analysis.cpp - The shared per-translation-unit engine --------------===//
 
 #include "Analysis.h"
+#include "Facts.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/RecursiveASTVisitor.h"
 #include "clang/Basic/IdentifierTable.h"
 #include "clang/Basic/SourceManager.h"
 #include "clang/Lex/Lexer.h"
+#include "llvm/Support/Path.h"
 #include <map>
 #include <mutex>
 
@@ -117,12 +119,93 @@ void TuAnalysis::collect() {
     Functions.push_back(FD);
     collectFunction(FD);
   }
+  findIWarpGuard();
+  if (IWarpGuard)
+    exportFact("refuses-iwarp:" + ulpKey());
   // Enumerator values come from the unit's own headers.
   for (const char *Flag : {"local_write", "remote_write", "remote_read",
                            "remote_atomic", "mw_bind", "on_demand",
                            "zero_based"})
     AccessBits[Flag] = static_cast<uint64_t>(
         enumValue(R.flagName(TuDomain, "access", Flag)).value_or(0));
+}
+
+namespace {
+/// `if (<not InfiniBand>) return/goto ...;`
+class IWarpGuardFinder : public RecursiveASTVisitor<IWarpGuardFinder> {
+public:
+  explicit IWarpGuardFinder(const TuAnalysis &A) : A(A) {}
+  const Stmt *Found = nullptr;
+
+  bool VisitIfStmt(IfStmt *If) {
+    if (!Found && leaves(If->getThen()) && refusesIWarp(If->getCond(), false))
+      Found = If;
+    return !Found;
+  }
+
+private:
+  static bool leaves(const Stmt *S) {
+    if (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
+      S = CS->body_empty() ? nullptr : CS->body_back();
+    return isa_and_nonnull<ReturnStmt>(S) || isa_and_nonnull<GotoStmt>(S);
+  }
+  /// True when \p Cond holds on iWARP devices (and is meant to).
+  bool refusesIWarp(const Expr *Cond, bool Negated) const {
+    Cond = stripExpr(Cond);
+    if (const auto *UO = dyn_cast<UnaryOperator>(Cond))
+      if (UO->getOpcode() == UO_LNot)
+        return refusesIWarp(UO->getSubExpr(), !Negated);
+    if (const auto *BO = dyn_cast<BinaryOperator>(Cond)) {
+      if (BO->getOpcode() == BO_LOr && !Negated)
+        return refusesIWarp(BO->getLHS(), false) ||
+               refusesIWarp(BO->getRHS(), false);
+      bool Ne = BO->getOpcode() == BO_NE, Eq = BO->getOpcode() == BO_EQ;
+      if (!Ne && !Eq)
+        return false;
+      for (const Expr *Side : {BO->getLHS(), BO->getRHS()})
+        if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(Side))) {
+          StringRef Name = DRE->getDecl()->getName();
+          if (A.rules().isIbConstant(Name))
+            return Ne != Negated;
+          if (A.rules().isTransportConstant(Name))
+            return Eq != Negated;
+        }
+      return false;
+    }
+    if (const auto *CE = dyn_cast<CallExpr>(Cond))
+      if (const FunctionModel *M = A.modelOf(CE)) {
+        if (M->E == Effect::TransportQuery)
+          return !Negated;
+        if (M->E == Effect::TransportQueryIb)
+          return Negated;
+      }
+    return false;
+  }
+  const TuAnalysis &A;
+};
+} // namespace
+
+void TuAnalysis::findIWarpGuard() {
+  IWarpGuardFinder Finder(*this);
+  for (const FunctionDecl *FD : Functions) {
+    Finder.TraverseStmt(FD->getBody());
+    if (Finder.Found)
+      break;
+  }
+  IWarpGuard = Finder.Found;
+}
+
+std::string TuAnalysis::ulpKey() const {
+  const SourceManager &SM = Ctx.getSourceManager();
+  OptionalFileEntryRef Main = SM.getFileEntryRefForID(SM.getMainFileID());
+  if (!Main)
+    return {};
+  return llvm::sys::path::parent_path(Main->getName()).str();
+}
+
+void TuAnalysis::exportFact(StringRef Fact) const {
+  if (UnitFacts *Sink = currentFacts())
+    Sink->Facts.push_back(Fact.str());
 }
 
 std::optional<int64_t> TuAnalysis::enumValue(StringRef Name) const {

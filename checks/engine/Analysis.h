@@ -124,6 +124,15 @@ public:
   /// Name of the enumerator of \p T's enum type with value \p V.
   llvm::StringRef enumeratorName(clang::QualType T, int64_t V) const;
 
+  /// The ULP the unit belongs to, for facts shared between its files: the
+  /// main file's directory.
+  std::string ulpKey() const;
+  /// An `if` that makes this unit refuse devices other than InfiniBand/RoCE
+  /// (`if (dev->node_type != RDMA_NODE_IB_CA) return;`), or null.
+  const clang::Stmt *iwarpGuard() const { return IWarpGuard; }
+  /// Tells the whole program (ulplint only) a fact about this unit.
+  void exportFact(llvm::StringRef Fact) const;
+
   /// Access-flag bit of a flag name in the rules (e.g. local_write).
   uint64_t accessBit(llvm::StringRef Flag) const;
   /// Spelling of an access flag in this unit's API.
@@ -131,6 +140,7 @@ public:
 
 private:
   void collect();
+  void findIWarpGuard();
   void collectFunction(const clang::FunctionDecl *FD);
   void addInitStores(const clang::FunctionDecl *FD, const clang::Stmt *At,
                      const Location &Object, clang::QualType T,
@@ -147,6 +157,7 @@ private:
       Flows;
   llvm::StringMap<uint64_t> AccessBits;
   llvm::DenseMap<const clang::CallExpr *, Location> Results;
+  const clang::Stmt *IWarpGuard = nullptr;
   llvm::DenseMap<const clang::CallExpr *, const clang::FunctionDecl *> CallerOf;
 };
 

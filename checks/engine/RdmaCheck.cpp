@@ -1,6 +1,7 @@
 //===- RdmaCheck.cpp - Base class of every rdma-* check -------------------===//
 
 #include "RdmaCheck.h"
+#include "Facts.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/ASTMatchers/ASTMatchFinder.h"
 #include "llvm/ADT/StringExtras.h"
@@ -42,6 +43,17 @@ void RdmaCheck::check(const MatchFinder::MatchResult &Result) {
 DiagnosticBuilder RdmaCheck::report(const TuAnalysis &A, SourceLocation Loc,
                                     StringRef Message) {
   return diag(userLoc(A.sources(), Loc), Message);
+}
+
+DiagnosticBuilder RdmaCheck::reportUnless(const TuAnalysis &A,
+                                          SourceLocation Loc,
+                                          StringRef Message,
+                                          StringRef UnlessFact) {
+  SourceLocation At = userLoc(A.sources(), Loc);
+  if (UnitFacts *Sink = currentFacts())
+    Sink->Conditions.push_back({getID().str(), A.sources().getFilename(At).str(),
+                                A.sources().getFileOffset(At), UnlessFact.str()});
+  return diag(At, Message);
 }
 
 DiagnosticBuilder RdmaCheck::note(const TuAnalysis &A, SourceLocation Loc,

@@ -34,6 +34,12 @@ protected:
                                   llvm::StringRef Message);
   clang::DiagnosticBuilder note(const TuAnalysis &A, clang::SourceLocation Loc,
                                 llvm::StringRef Message);
+  /// A warning that ulplint drops if any unit of the program exports
+  /// \p UnlessFact (see Facts.h); the plugin keeps it.
+  clang::DiagnosticBuilder reportUnless(const TuAnalysis &A,
+                                        clang::SourceLocation Loc,
+                                        llvm::StringRef Message,
+                                        llvm::StringRef UnlessFact);
 
 private:
   std::string CoreFiles;

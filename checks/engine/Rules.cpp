@@ -36,6 +36,7 @@ struct RawDomainFile {
   std::map<std::string, std::map<std::string, std::string>> Flags;
   std::map<std::string, std::string> Opcodes;
   std::vector<std::string> TransportConstants;
+  std::vector<std::string> IbConstants;
   std::vector<RawStruct> Structs;
   std::vector<RawFunction> Functions;
 };
@@ -89,6 +90,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("flags", D.Flags);
     Io.mapOptional("opcodes", D.Opcodes);
     Io.mapOptional("transport_constants", D.TransportConstants);
+    Io.mapOptional("ib_constants", D.IbConstants);
     Io.mapOptional("structs", D.Structs);
     Io.mapRequired("functions", D.Functions);
   }
@@ -155,6 +157,7 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::QpDrain, "qp.drain"},
     {Effect::DeviceQuery, "device.query"},
     {Effect::TransportQuery, "transport.query"},
+    {Effect::TransportQueryIb, "transport.query_ib"},
     {Effect::DmaMap, "dma.map"},
     {Effect::DmaUnmap, "dma.unmap"},
     {Effect::BufferFree, "buffer.free"},
@@ -254,6 +257,7 @@ struct RulesBuilder {
     DM.D = *D;
     DM.Flags = Raw.Flags;
     DM.TransportConstants = Raw.TransportConstants;
+    DM.IbConstants = Raw.IbConstants;
     for (auto &[Family, Flags] : Raw.Flags)
       for (auto &[Flag, Enumerator] : Flags)
         R.FlagIndex[Enumerator] = {Family, Flag};
@@ -387,6 +391,13 @@ llvm::StringRef Rules::flagName(Domain D, llvm::StringRef Family,
 bool Rules::isTransportConstant(llvm::StringRef Enumerator) const {
   for (const DomainModel &D : Domains)
     if (llvm::is_contained(D.TransportConstants, Enumerator))
+      return true;
+  return false;
+}
+
+bool Rules::isIbConstant(llvm::StringRef Enumerator) const {
+  for (const DomainModel &D : Domains)
+    if (llvm::is_contained(D.IbConstants, Enumerator))
       return true;
   return false;
 }

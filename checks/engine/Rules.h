@@ -51,7 +51,8 @@ enum class Effect {
   QpCreate,
   QpDrain,
   DeviceQuery,
-  TransportQuery,
+  TransportQuery,   // true on iWARP (rdma_protocol_iwarp)
+  TransportQueryIb, // true on InfiniBand/RoCE only (rdma_protocol_ib)
   DmaMap,
   DmaUnmap,
   BufferFree,
@@ -114,6 +115,7 @@ struct DomainModel {
   std::map<std::string, std::map<std::string, std::string>> Flags;
   std::map<std::string, std::string> Opcodes; // enumerator -> opcode name
   std::vector<std::string> TransportConstants;
+  std::vector<std::string> IbConstants;
 };
 
 struct RuleInfo {
@@ -156,6 +158,7 @@ public:
   llvm::StringRef flagName(Domain D, llvm::StringRef Family,
                            llvm::StringRef Flag) const;
   bool isTransportConstant(llvm::StringRef Enumerator) const;
+  bool isIbConstant(llvm::StringRef Enumerator) const;
 
   const std::vector<RuleInfo> &catalog() const { return Catalog; }
   const RuleInfo *rule(llvm::StringRef CheckName) const;

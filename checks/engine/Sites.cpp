@@ -52,11 +52,12 @@ static bool isFinalStore(const TuAnalysis &A, const FieldStore &S,
   return true;
 }
 
-static std::optional<Location> regionOf(const TuAnalysis &A,
-                                        const FieldStore *MrStore) {
+/// The MR named by a `reg_wr.mr = X` / `bind_info.mr = X` store.
+static void setRegion(AccessSite &S, const FieldStore *MrStore) {
   if (!MrStore || !MrStore->Value)
-    return std::nullopt;
-  return locationOf(MrStore->Value);
+    return;
+  S.Region = locationOf(MrStore->Value);
+  S.RegionFn = MrStore->Fn;
 }
 
 std::vector<AccessSite> accessSites(const TuAnalysis &A) {
@@ -90,6 +91,7 @@ std::vector<AccessSite> accessSites(const TuAnalysis &A) {
       S.Region = A.resultOf(C.Call);
     else if (const Expr *Key = C.arg("mkey"))
       S.Region = locationOf(Key);
+    S.RegionFn = C.Caller;
     Sites.push_back(std::move(S));
   }
   for (const FieldStore &FS : A.stores()) {
@@ -107,7 +109,7 @@ std::vector<AccessSite> accessSites(const TuAnalysis &A) {
     S.Flags = FS.Value;
     S.Value = A.values(FS.Fn).flagsAfter(A.flow(FS.Fn).resolve(FS.Target),
                                          FS.At);
-    S.Region = regionOf(A, sibling(A, FS, Fast ? "reg_mr" : "bind_mr"));
+    setRegion(S, sibling(A, FS, Fast ? "reg_mr" : "bind_mr"));
     Sites.push_back(std::move(S));
   }
   return Sites;
@@ -124,12 +126,12 @@ std::vector<const AccessSite *> rightsOf(const TuAnalysis &A,
     bool Produces = S.K == AccessSite::Registration &&
                     llvm::is_contained(Producers, S.Call);
     bool FastRegisters = S.K == AccessSite::FastReg && S.Region &&
-                         A.sameStorage(*S.Region, S.Fn, Region, Fn);
+                         A.sameStorage(*S.Region, S.RegionFn, Region, Fn);
     if (Produces || FastRegisters)
       Found.push_back(&S);
   }
-  if (llvm::any_of(Found, [&](const AccessSite *S) { return S->Fn == Fn; }))
-    llvm::erase_if(Found, [&](const AccessSite *S) { return S->Fn != Fn; });
+  if (llvm::any_of(Found, [&](const AccessSite *S) { return S->RegionFn == Fn; }))
+    llvm::erase_if(Found, [&](const AccessSite *S) { return S->RegionFn != Fn; });
   return Found;
 }
 

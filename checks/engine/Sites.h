@@ -35,6 +35,7 @@ struct AccessSite {
   /// The memory region whose rights these are (the call's result, the
   /// reg_wr.mr / bind_info.mr member), when known.
   std::optional<Location> Region;
+  const clang::FunctionDecl *RegionFn = nullptr; // function naming Region
 };
 
 std::vector<AccessSite> accessSites(const TuAnalysis &A);
