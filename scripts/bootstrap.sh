@@ -19,6 +19,8 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
 jobs=${JOBS:-$(nproc)}
+# ccache hits across clones in different directories.
+export CCACHE_BASEDIR=$root
 
 # Every package a build or a test uses, installed here and nowhere else.
 packages=(
