@@ -525,9 +525,13 @@ int regcore_policy_describe(const struct regcore *core, char *buf, size_t len) {
 
 // ------------------------------------------------------------- open/close
 
-static void apply_defaults(regcore_attr &a) {
-  if (!a.max_mrs) a.max_mrs = a.max_ctxs;
+// Default registration budget: one object (window, mkey, staging MR) per
+// context, or one MR per SGE where contexts may register every run
+// (iWARP READ sinks, REGCORE_F_FORCE_MR).
+static void apply_defaults(regcore_attr &a, ibv_transport_type transport) {
   if (!a.max_sge_per_ctx) a.max_sge_per_ctx = 16;
+  bool mr_per_run = transport == IBV_TRANSPORT_IWARP || (a.flags & REGCORE_F_FORCE_MR);
+  if (!a.max_mrs) a.max_mrs = a.max_ctxs * (mr_per_run ? a.max_sge_per_ctx : 1);
   if (!a.cache_max_entries) a.cache_max_entries = 1024;
   if (!a.cache_max_bytes) a.cache_max_bytes = 1ULL << 30;
   if (!a.port_num) a.port_num = 1;
@@ -609,7 +613,7 @@ int regcore_open(struct ibv_pd *pd, const struct regcore_attr *attr, struct regc
   core->pd = pd;
   core->ctx = pd->context;
   core->attr = *attr;
-  apply_defaults(core->attr);
+  apply_defaults(core->attr, core->ctx->device->transport_type);
   if (int err = ibv_query_device_ex(core->ctx, nullptr, &core->dev)) {
     delete core;
     return fail(err, "ibv_query_device_ex failed");

@@ -60,6 +60,9 @@ int init_sge_path(Ctx *ctx) {
 int init_mr_reg(Ctx *ctx) {
   Core *core = ctx->core;
   unsigned access = ctx->dir == REGCORE_DIR_READ ? core->policy.read_sink_access : 0;
+  if (ctx->runs.size() > core->attr.max_mrs)
+    return fail(E2BIG, "the context needs %zu per-context MRs, more than max_mrs=%u", ctx->runs.size(),
+                core->attr.max_mrs);
   std::vector<ibv_sge> list;
   for (const ibv_sge &r : ctx->runs) {
     if (int err = acquire_reg_slot(core)) return err;
@@ -485,6 +488,16 @@ int regcore_rw_ctx_destroy(struct regcore_rw_ctx *handle) {
   if (ctx->life == Ctx::kPosted)
     return fail(EBUSY, "regcore_rw_ctx_destroy: the context's completion has not been seen");
   ctx->ulp_done = true;
+  // After a partial post the context waits for its orphaned WRs to flush;
+  // keys that grant remote access must not outlive this call. The QP is in
+  // error already, so nothing executes with them any more.
+  if (ctx->life == Ctx::kFailedPost && regcore_rw_ctx_remote_keys(handle, nullptr, 0) > 0) {
+    for (ibv_mr *mr : ctx->own_mrs) {
+      ibv_dereg_mr(mr);
+      release_reg_slot(ctx->core);
+    }
+    ctx->own_mrs.clear();
+  }
   maybe_recycle(ctx);
   return 0;
 }

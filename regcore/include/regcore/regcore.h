@@ -55,7 +55,10 @@ struct regcore_attr {
 	uint32_t max_ctxs;	    /* rw + reg contexts alive at once, all QPs */
 	uint32_t max_mrs;	    /* per-context registrations held at once
 				       (MWs, indirect mkeys, staging or
-				       per-context MRs); default max_ctxs */
+				       per-context MRs); default max_ctxs,
+				       or max_ctxs * max_sge_per_ctx where
+				       every run may need its own MR (iWARP,
+				       REGCORE_F_FORCE_MR) */
 	uint32_t max_sge_per_ctx;   /* SGEs in one rw context; default 16 */
 	uint32_t cache_max_entries; /* registration cache entries; default 1024 */
 	uint64_t cache_max_bytes;   /* bytes the cache may keep registered;
