@@ -20,7 +20,13 @@
 //  - no-leak: all contexts and registrations are back at the end.
 //
 //   regcore_stress --profile=NAME [--ios=N] [--seed=S] [--depth=D]
-//                  [--flush-unsignaled=0|1] [--fault-rate=R]
+//                  [--flush-unsignaled=0|1] [--fault-rate=R] [--ulp-bug=KIND]
+//
+// --ulp-bug makes the ULP break the contract on purpose, to show that the
+// checks catch it: early-check (treats the buffer as handed back as soon as
+// release returns -EINPROGRESS), raw-poll (polls the send CQ with
+// ibv_poll_cq, bypassing regcore), extra-sends (posts more WRs of its own
+// than it declared at QP creation).
 #include <regcore/regcore.h>
 #include <simverbs/simverbs.h>
 
@@ -45,6 +51,7 @@ struct Config {
   uint32_t depth = 16;
   int flush_unsignaled = 1;
   double fault_rate = 1.0 / 150;
+  std::string ulp_bug;  // "", early-check, raw-poll, extra-sends
 };
 
 struct Cmd {  // initiator -> peer
@@ -59,6 +66,7 @@ struct Resp {  // peer -> initiator
 };
 
 constexpr uint64_t kRecvTag = 1ULL << 62;
+constexpr uint64_t kNoteTag = 1ULL << 61;  // --ulp-bug=extra-sends WRs
 constexpr uint32_t kSlotBytes = 64 * 1024;
 constexpr uint32_t kRecvSlots = 64;
 
@@ -89,6 +97,9 @@ struct Op {
   bool released = false;
   int release_events = 0;
 };
+
+// What a violation breaks; the summary reports each invariant separately.
+enum class Inv { kOneCompletion, kKeyDead, kData, kOther };
 
 struct Counters {
   uint64_t started = 0, finished = 0, rw_read = 0, rw_write = 0, reg = 0, chained = 0;
@@ -123,8 +134,9 @@ class Stress {
   [[noreturn]] void stalled(const char *where);
   // checks
   void check_key_dead(uint32_t key, uint64_t addr);
-  void violation(const std::string &what);
+  void violation(Inv inv, const std::string &what);
   bool final_checks();
+  bool print_summary();
   void maybe_schedule_fault();
 
   uint64_t rand(uint64_t n) { return n ? rng_() % n : 0; }
@@ -147,7 +159,7 @@ class Stress {
   uint64_t next_id_ = 1;
   bool broken_ = false;
   Counters n_;
-  std::vector<std::string> violations_;
+  std::vector<std::pair<Inv, std::string>> violations_;
   uint64_t completions_unknown_ = 0;
 
   friend void on_released(regcore_reg_ctx *, int, void *);
@@ -157,7 +169,7 @@ Stress *g_stress = nullptr;
 
 void on_released(regcore_reg_ctx *, int status, void *arg) {
   Op *op = static_cast<Op *>(arg);
-  if (status != 0) g_stress->violation("release callback status " + std::to_string(status));
+  if (status != 0) g_stress->violation(Inv::kOther, "release callback status " + std::to_string(status));
   op->release_events++;
   op->released = true;
   g_stress->just_released_.push_back(op->id);  // finished after the poll returns
@@ -173,9 +185,9 @@ testenv::Options Stress::options() const {
   return o;
 }
 
-void Stress::violation(const std::string &what) {
+void Stress::violation(Inv inv, const std::string &what) {
   if (violations_.size() < 20) std::printf("VIOLATION %s\n", what.c_str());
-  violations_.push_back(what);
+  violations_.push_back({inv, what});
 }
 
 void Stress::post_recvs() {
@@ -230,7 +242,7 @@ void Stress::start_rw(Op &op, Kind kind) {
     return;
   }
   if (nwr <= 0) {
-    violation(std::string("rw init: ") + regcore_last_error());
+    violation(Inv::kOther, std::string("rw init: ") + regcore_last_error());
     op.rw = nullptr;
     return;
   }
@@ -269,13 +281,13 @@ void Stress::start_reg(Op &op) {
     return;
   }
   if (err) {
-    violation(std::string("reg init: ") + regcore_last_error());
+    violation(Inv::kOther, std::string("reg init: ") + regcore_last_error());
     op.reg = nullptr;
     return;
   }
   uint64_t raddr = 0;
   regcore_reg_ctx_rkey(op.reg, &op.rkey, &raddr);
-  if (raddr != op.addr) violation("reg rkey address");
+  if (raddr != op.addr) violation(Inv::kOther, "reg rkey address");
   op.remote_inv_ok = regcore_reg_ctx_remote_inv_ok(op.reg);
   Cmd cmd{op.id, op.addr, op.rkey, op.len};
   ibv_sge s{reinterpret_cast<uintptr_t>(&cmd), sizeof cmd, 0};
@@ -292,6 +304,20 @@ void Stress::start_reg(Op &op) {
     // The ULP sends the key with its own WR, after the registration.
     err = ibv_post_send(env_->qp, &send, &bad);
     err = -err;
+  }
+  if (err == 0 && cfg_.ulp_bug == "extra-sends") {
+    // An undeclared extra WR of the ULP's own, unsignaled: it stays in the
+    // send queue until a later completion retires it.
+    static const char kNote[] = "note";
+    ibv_sge ns{reinterpret_cast<uintptr_t>(kNote), sizeof kNote, 0};
+    ibv_send_wr note{};
+    note.wr_id = kNoteTag;
+    note.sg_list = &ns;
+    note.num_sge = 1;
+    note.opcode = IBV_WR_SEND;
+    note.send_flags = IBV_SEND_INLINE;
+    for (int i = 0; i < 4; i++)
+      if (ibv_post_send(env_->qp, &note, &bad)) n_.post_refused++;
   }
   if (err == 0) {
     op.expect_completion = true;
@@ -344,10 +370,10 @@ void Stress::start_op() {
 void Stress::check_key_dead(uint32_t key, uint64_t addr) {
   n_.keys_checked++;
   if (simverbs_key_query(env_->pd, key, nullptr) != -ENOKEY)
-    violation("key " + std::to_string(key) + " still valid after release");
+    violation(Inv::kKeyDead, "key " + std::to_string(key) + " still valid after release");
   uint8_t x = 0x5a;
   int rc = simverbs_peer_rdma_write(env_->peer, key, addr, &x, 1);
-  if (rc == 0) violation("peer wrote through released key " + std::to_string(key));
+  if (rc == 0) violation(Inv::kKeyDead, "peer wrote through released key " + std::to_string(key));
   if (rc == -ENOKEY) n_.keys_refused_live_qp++;
 }
 
@@ -360,11 +386,12 @@ void Stress::release_reg(Op &op) {
     if (op.inv_rkey != op.rkey) n_.mismatched_inv++;
   }
   int rc = regcore_reg_ctx_release(op.reg, op.inv_rkey, on_released, &op);
+  if (rc == -EINPROGRESS && cfg_.ulp_bug == "early-check") check_key_dead(op.rkey, op.addr);
   if (rc == 0) {
     op.release_events++;
     op.released = true;
   } else if (rc != -EINPROGRESS) {
-    violation(std::string("release: ") + regcore_last_error());
+    violation(Inv::kOther, std::string("release: ") + regcore_last_error());
     op.released = true;
   }
 }
@@ -375,7 +402,7 @@ void Stress::try_finish(Op &op) {
     if (op.rw && op.expect_completion && op.completions == 0) return;
     if (op.rw) {
       int rc = regcore_rw_ctx_destroy(op.rw);
-      if (rc) violation(std::string("rw destroy: ") + regcore_last_error());
+      if (rc) violation(Inv::kOther, std::string("rw destroy: ") + regcore_last_error());
       for (uint32_t k : op.sink_keys) check_key_dead(k, op.sge[0].addr);
     }
     finish_op(op);
@@ -398,10 +425,10 @@ void Stress::try_finish(Op &op) {
 
 void Stress::finish_op(Op &op) {
   if (op.expect_completion && op.completions != 1)
-    violation("op " + std::to_string(op.id) + " saw " + std::to_string(op.completions) + " completions");
-  if (!op.expect_completion && op.completions != 0) violation("completion for an op that was not posted");
+    violation(Inv::kOneCompletion, "op " + std::to_string(op.id) + " saw " + std::to_string(op.completions) + " completions");
+  if (!op.expect_completion && op.completions != 0) violation(Inv::kOneCompletion, "completion for an op that was not posted");
   if (op.reg && op.release_events != 1)
-    violation("op " + std::to_string(op.id) + " released " + std::to_string(op.release_events) + " times");
+    violation(Inv::kOneCompletion, "op " + std::to_string(op.id) + " released " + std::to_string(op.release_events) + " times");
   if (op.expect_completion && op.status == IBV_WC_SUCCESS) n_.ok++;
   if (op.expect_completion && op.status != IBV_WC_SUCCESS) n_.errored++;
   if (chance(0.02)) regcore_mr_invalidate_range(env_->core, slot_base(op.slot), kSlotBytes);
@@ -411,10 +438,11 @@ void Stress::finish_op(Op &op) {
 }
 
 void Stress::on_send_wc(const ibv_wc &wc) {
+  if (wc.wr_id == kNoteTag) return;
   auto it = ops_.find(wc.wr_id);
   if (it == ops_.end()) {
     completions_unknown_++;
-    violation("completion with unknown wr_id " + std::to_string(wc.wr_id));
+    violation(Inv::kOneCompletion, "completion with unknown wr_id " + std::to_string(wc.wr_id));
     return;
   }
   Op &op = *it->second;
@@ -429,7 +457,7 @@ void Stress::on_send_wc(const ibv_wc &wc) {
     for (const ibv_sge &s : op.sge) {
       auto *p = reinterpret_cast<const uint8_t *>(static_cast<uintptr_t>(s.addr));
       if (std::memcmp(p, env_->remote.data() + off, s.length) != 0) {
-        violation("data mismatch op " + std::to_string(op.id));
+        violation(Inv::kData, "data mismatch op " + std::to_string(op.id));
         break;
       }
       off += s.length;
@@ -453,7 +481,7 @@ void Stress::on_recv_wc(const ibv_wc &wc) {
     op.inv_rkey = (wc.wc_flags & IBV_WC_WITH_INV) ? wc.invalidated_rkey : 0;
     try_finish(op);
   } else if (!released_unanswered_.count(r.op)) {
-    violation("response for unknown op");
+    violation(Inv::kOther, "response for unknown op");
   }
   // Repost the receive.
   regcore_mr *mr = nullptr;
@@ -471,8 +499,9 @@ void Stress::poll() {
   simverbs_set_exec_budget(static_cast<unsigned>(rand(6)));
   ibv_wc wc[8];
   int batch = 1 + static_cast<int>(rand(8));
-  int n = regcore_poll_cq(env_->core, env_->scq, batch, wc);
-  if (n < 0) violation("regcore_poll_cq failed");
+  int n = cfg_.ulp_bug == "raw-poll" ? ibv_poll_cq(env_->scq, batch, wc)
+                                      : regcore_poll_cq(env_->core, env_->scq, batch, wc);
+  if (n < 0) violation(Inv::kOther, "regcore_poll_cq failed");
   for (int i = 0; i < n; i++) on_send_wc(wc[i]);
   n = regcore_poll_cq(env_->core, env_->rcq, batch, wc);
   for (int i = 0; i < n; i++) on_recv_wc(wc[i]);
@@ -490,15 +519,15 @@ void Stress::peer_step() {
   Cmd cmd;
   size_t len = 0;
   while (simverbs_peer_recv(env_->peer, &cmd, sizeof cmd, &len) == 0) {
-    if (len == sizeof "rw-done") continue;  // a chained rw response
+    if (len == sizeof "rw-done" || len == sizeof "note") continue;  // not commands
     if (broken_) continue;
     auto it = ops_.find(cmd.op);
     if (it == ops_.end()) {
-      violation("peer got a command for an unknown op");
+      violation(Inv::kOther, "peer got a command for an unknown op");
       continue;
     }
     Op &op = *it->second;
-    if (cmd.rkey != op.rkey || cmd.addr != op.addr) violation("peer got a wrong key");
+    if (cmd.rkey != op.rkey || cmd.addr != op.addr) violation(Inv::kOther, "peer got a wrong key");
     uint32_t n = std::min<uint32_t>(cmd.len, 256);
     uint64_t at = cmd.addr + rand(cmd.len - n + 1);
     std::vector<uint8_t> data(n, static_cast<uint8_t>(cmd.op));
@@ -509,9 +538,9 @@ void Stress::peer_step() {
       continue;
     }
     if (rc == 0) {
-      if (std::memcmp(reinterpret_cast<void *>(at), data.data(), n) != 0) violation("peer write lost");
+      if (std::memcmp(reinterpret_cast<void *>(at), data.data(), n) != 0) violation(Inv::kData, "peer write lost");
     } else if (!op.killed_by_peer && !broken_) {
-      violation("peer write through a live key failed: " + std::to_string(rc));
+      violation(Inv::kData, "peer write through a live key failed: " + std::to_string(rc));
     }
     uint32_t inv = 0;
     if (op.remote_inv_ok && chance(0.6)) inv = cmd.rkey;
@@ -540,7 +569,7 @@ void Stress::peer_step() {
     if (rc == -ENOKEY) rc = simverbs_peer_send(env_->peer, &pending_resp_[i], sizeof(Resp), 0);
     if (rc == -EAGAIN) break;  // no receive posted yet
     if (rc == -ENOTCONN) broken_ = true;
-    if (rc != 0 && !broken_) violation("peer send failed: " + std::to_string(rc));
+    if (rc != 0 && !broken_) violation(Inv::kOther, "peer send failed: " + std::to_string(rc));
     pending_resp_.erase(pending_resp_.begin() + static_cast<long>(i));
     pending_inv_.erase(pending_inv_.begin() + static_cast<long>(i));
   }
@@ -564,7 +593,7 @@ void Stress::recover() {
 }
 
 void Stress::stalled(const char *where) {
-  violation(std::string(where) + " stalled with " + std::to_string(ops_.size()) + " ops");
+  violation(Inv::kOther, std::string(where) + " stalled with " + std::to_string(ops_.size()) + " ops");
   for (auto &kv : ops_)
     std::printf("  stuck op %" PRIu64 " kind=%d expect=%d completions=%d response=%d release=%d/%d "
                 "status=%d qp_state=%d\n",
@@ -574,7 +603,8 @@ void Stress::stalled(const char *where) {
   std::printf("  sq_outstanding=%u broken=%d pending_resp=%zu (regcore: %s; simverbs: %s)\n",
               simverbs_qp_sq_outstanding(env_->qp), broken_, pending_resp_.size(), regcore_last_error(),
               simverbs_last_error());
-  std::exit(3);
+  print_summary();
+  std::exit(1);
 }
 
 bool Stress::final_checks() {
@@ -582,6 +612,10 @@ bool Stress::final_checks() {
   simverbs_set_exec_budget(0);
   recover();
   n_.qp_recreated--;  // the final drain is not a recovery
+  return print_summary();
+}
+
+bool Stress::print_summary() {
   simverbs_stats st;
   simverbs_get_stats(&st);
   regcore_stats rs;
@@ -589,10 +623,10 @@ bool Stress::final_checks() {
   bool overflow_ok = st.post_enomem == 0 && st.post_einval == 0 && st.cq_overflows == 0;
   bool leak_ok = rs.ctxs_in_use == 0 && rs.mrs_in_use == 0;
   bool one_ok = true, key_ok = true, data_ok = true;
-  for (const std::string &v : violations_) {
-    if (v.find("completion") != std::string::npos || v.find("released") != std::string::npos) one_ok = false;
-    else if (v.find("key") != std::string::npos) key_ok = false;
-    else if (v.find("data") != std::string::npos || v.find("peer write") != std::string::npos) data_ok = false;
+  for (const auto &v : violations_) {
+    one_ok &= v.first != Inv::kOneCompletion;
+    key_ok &= v.first != Inv::kKeyDead;
+    data_ok &= v.first != Inv::kData;
   }
   std::printf("profile=%s seed=%" PRIu64 " depth=%u flush_unsignaled=%d max_send_wr=%u wrs_per_ctx=%u\n",
               simverbs_profile_name(cfg_.profile), cfg_.seed, cfg_.depth, cfg_.flush_unsignaled,
@@ -626,7 +660,10 @@ bool Stress::final_checks() {
               n_.data_checked, n_.peer_writes);
   std::printf("check no-leak: %s (ctxs_in_use=%u mrs_in_use=%u)\n", leak_ok ? "ok" : "FAILED",
               rs.ctxs_in_use, rs.mrs_in_use);
-  bool all = overflow_ok && leak_ok && violations_.empty() && n_.finished >= cfg_.ios;
+  // With faults enabled the run must actually have gone through errors.
+  bool faults_ok = cfg_.fault_rate == 0 || (n_.qp_recreated > 0 && st.injected_post_failures > 0);
+  std::printf("check faults-exercised: %s\n", faults_ok ? "ok" : "FAILED");
+  bool all = overflow_ok && leak_ok && faults_ok && violations_.empty() && n_.finished >= cfg_.ios;
   std::printf("RESULT %s violations=%zu\n", all ? "ok" : "FAILED", violations_.size());
   return all;
 }
@@ -678,6 +715,9 @@ bool parse(int argc, char **argv, Config &c) {
       c.flush_unsignaled = std::atoi(a + 19);
     } else if (!std::strncmp(a, "--fault-rate=", 13)) {
       c.fault_rate = std::strtod(a + 13, nullptr);
+    } else if (!std::strncmp(a, "--ulp-bug=", 10)) {
+      c.ulp_bug = a + 10;
+      if (c.ulp_bug != "early-check" && c.ulp_bug != "raw-poll" && c.ulp_bug != "extra-sends") return false;
     } else {
       return false;
     }
@@ -692,7 +732,7 @@ int main(int argc, char **argv) {
   if (!parse(argc, argv, cfg)) {
     std::fprintf(stderr,
                  "usage: %s --profile=mthca|mlx4|mlx5|iwarp [--ios=N] [--seed=S] [--depth=D<=64] "
-                 "[--flush-unsignaled=0|1] [--fault-rate=R]\n",
+                 "[--flush-unsignaled=0|1] [--fault-rate=R] [--ulp-bug=early-check|raw-poll|extra-sends]\n",
                  argv[0]);
     return 2;
   }
