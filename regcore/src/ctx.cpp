@@ -30,19 +30,20 @@ int resolve_lkeys(Ctx *ctx) {
   return 0;
 }
 
-// RDMA WRs over `list`, max_sge SGEs each, consecutive remote addresses.
-void build_rdma_wrs(Ctx *ctx, const std::vector<ibv_sge> &list, unsigned max_sge) {
-  ctx->wr_sges = list;
+// RDMA WRs over ctx->wr_sges, max_sge SGEs each, consecutive remote
+// addresses. Vectors keep their capacity across reuse of the context.
+void build_rdma_wrs(Ctx *ctx, unsigned max_sge) {
+  const std::vector<ibv_sge> &list = ctx->wr_sges;
   ctx->wrs.assign(div_up(list.size(), max_sge), ibv_send_wr{});
   uint64_t raddr = ctx->remote_addr;
   size_t next = 0;
   for (ibv_send_wr &wr : ctx->wrs) {
     wr.opcode = ctx->dir == REGCORE_DIR_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-    wr.sg_list = &ctx->wr_sges[next];
+    wr.sg_list = const_cast<ibv_sge *>(&list[next]);
     wr.num_sge = static_cast<int>(std::min<size_t>(max_sge, list.size() - next));
     wr.wr.rdma.remote_addr = raddr;
     wr.wr.rdma.rkey = ctx->rkey;
-    for (int i = 0; i < wr.num_sge; i++) raddr += ctx->wr_sges[next + i].length;
+    for (int i = 0; i < wr.num_sge; i++) raddr += list[next + i].length;
     next += wr.num_sge;
   }
   ctx->nwr = static_cast<uint32_t>(ctx->wrs.size());
@@ -50,7 +51,8 @@ void build_rdma_wrs(Ctx *ctx, const std::vector<ibv_sge> &list, unsigned max_sge
 
 int init_sge_path(Ctx *ctx) {
   if (int err = resolve_lkeys(ctx)) return err;
-  build_rdma_wrs(ctx, ctx->runs, max_sge_for(ctx->core, ctx->dir));
+  ctx->wr_sges = ctx->runs;
+  build_rdma_wrs(ctx, max_sge_for(ctx->core, ctx->dir));
   ctx->strategy = ctx->nwr == 1 ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
   return 0;
 }
@@ -63,7 +65,7 @@ int init_mr_reg(Ctx *ctx) {
   if (ctx->runs.size() > core->attr.max_mrs)
     return fail(E2BIG, "the context needs %zu per-context MRs, more than max_mrs=%u", ctx->runs.size(),
                 core->attr.max_mrs);
-  std::vector<ibv_sge> list;
+  ctx->wr_sges.clear();
   for (const ibv_sge &r : ctx->runs) {
     if (int err = acquire_reg_slot(core)) return err;
     ibv_mr *mr = ibv_reg_mr(core->pd, reinterpret_cast<void *>(static_cast<uintptr_t>(r.addr)),
@@ -73,9 +75,9 @@ int init_mr_reg(Ctx *ctx) {
       return fail(errno ? errno : EIO, "ibv_reg_mr for a per-context MR failed");
     }
     ctx->own_mrs.push_back(mr);
-    list.push_back({r.addr, r.length, mr->lkey});
+    ctx->wr_sges.push_back({r.addr, r.length, mr->lkey});
   }
-  build_rdma_wrs(ctx, list, max_sge_for(core, ctx->dir));
+  build_rdma_wrs(ctx, max_sge_for(core, ctx->dir));
   return 0;
 }
 
@@ -83,9 +85,9 @@ int init_staged(Ctx *ctx) {
   int err = acquire_stage(ctx->core, &ctx->stage);
   if (err == -EAGAIN) return init_sge_path(ctx);  // like rdma_rw: no MR, more WRs
   if (err) return err;
-  ibv_sge s{reinterpret_cast<uintptr_t>(ctx->stage->buf), static_cast<uint32_t>(ctx->bytes),
-            ctx->stage->mr->lkey};
-  build_rdma_wrs(ctx, {s}, 1);
+  ctx->wr_sges.assign(1, ibv_sge{reinterpret_cast<uintptr_t>(ctx->stage->buf),
+                                 static_cast<uint32_t>(ctx->bytes), ctx->stage->mr->lkey});
+  build_rdma_wrs(ctx, 1);
   return 0;
 }
 
@@ -425,21 +427,27 @@ int regcore_rw_ctx_init(struct regcore_rw_ctx **out, struct regcore *handle, str
   Core *core = core_of(handle);
   QpState *qs = find_qp(core, qp);
   if (!qs) return fail(EINVAL, "regcore_rw_ctx_init: QP not created by regcore_qp_create");
-  std::vector<ibv_sge> runs;
-  uint64_t bytes = 0;
-  coalesce(sgl, nsge, runs, &bytes);
-  if (runs.empty()) return fail(EINVAL, "regcore_rw_ctx_init: empty SGE list");
-  if (runs.size() > core->policy.max_sge_per_ctx)
-    return fail(E2BIG, "%zu SGEs exceed the declared max_sge_per_ctx=%u", runs.size(),
-                core->policy.max_sge_per_ctx);
-  if (bytes > UINT32_MAX) return fail(EINVAL, "regcore_rw_ctx_init: more than 4 GiB");
   Ctx *ctx = ctx_alloc(core, qs, Ctx::kRw);
   if (!ctx) return -EAGAIN;
+  uint64_t bytes = 0;
+  coalesce(sgl, nsge, ctx->runs, &bytes);  // into the context's reused storage
+  int err = 0;
+  if (ctx->runs.empty())
+    err = fail(EINVAL, "regcore_rw_ctx_init: empty SGE list");
+  else if (ctx->runs.size() > core->policy.max_sge_per_ctx)
+    err = fail(E2BIG, "%zu SGEs exceed the declared max_sge_per_ctx=%u", ctx->runs.size(),
+               core->policy.max_sge_per_ctx);
+  else if (bytes > UINT32_MAX)
+    err = fail(EINVAL, "regcore_rw_ctx_init: more than 4 GiB");
+  if (err) {
+    ctx->ulp_done = true;
+    maybe_recycle(ctx);
+    return err;
+  }
   ctx->dir = dir;
   ctx->remote_addr = remote_addr;
   ctx->rkey = rkey;
   ctx->bytes = bytes;
-  ctx->runs.swap(runs);
   ctx->strategy = regcore_policy_decide(&core->policy, dir, static_cast<unsigned>(ctx->runs.size()),
                                         bytes, core->attr.flags);
   if (int err = build_rw(ctx)) {

@@ -440,6 +440,29 @@ const char *ibv_wc_status_str(enum ibv_wc_status status) {
   return i < sizeof names / sizeof names[0] ? names[i] : "unknown";
 }
 
+// Completion channels exist so that code creating them links and runs, but
+// the device has no interrupts: poll the CQ instead.
+int ibv_get_cq_event(struct ibv_comp_channel *, struct ibv_cq **, void **) {
+  errno = EOPNOTSUPP;
+  return -1;
+}
+
+void ibv_ack_cq_events(struct ibv_cq *, unsigned int) {}
+
+int ibv_resize_cq(struct ibv_cq *, int) { return EOPNOTSUPP; }
+
+const char *ibv_node_type_str(enum ibv_node_type type) {
+  switch (type) {
+    case IBV_NODE_CA: return "InfiniBand channel adapter";
+    case IBV_NODE_RNIC: return "iWARP NIC";
+    default: return "unknown";
+  }
+}
+
+const char *ibv_port_state_str(enum ibv_port_state state) {
+  return state == IBV_PORT_ACTIVE ? "PORT_ACTIVE" : "PORT_DOWN";
+}
+
 int ibv_get_async_event(struct ibv_context *, struct ibv_async_event *) {
   errno = EAGAIN;  // the simulated device reports errors through completions
   return -1;
