@@ -450,7 +450,8 @@ int regcore_rw_ctx_init(struct regcore_rw_ctx **out, struct regcore *handle, str
   ctx->bytes = bytes;
   ctx->strategy = regcore_policy_decide(&core->policy, dir, static_cast<unsigned>(ctx->runs.size()),
                                         bytes, core->attr.flags);
-  if (int err = build_rw(ctx)) {
+  err = build_rw(ctx);
+  if (err) {
     ctx->ulp_done = true;
     maybe_recycle(ctx);
     return err;

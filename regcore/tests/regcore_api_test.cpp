@@ -637,6 +637,44 @@ TEST(cache_budget_evicts_lru_then_refuses) {
   ibv_close_device(ctx);
 }
 
+TEST(own_poll_loop_and_ulp_lkeys) {
+  Env e(SIMVERBS_PROFILE_MTHCA);
+  Scatter s(6, 64, 4096);  // 3 READs: two internal completions on a flush
+  regcore_mr *mr = nullptr;
+  CHECK_EQ(regcore_mr_get(e.core, s.arena.data(), s.arena.size(), IBV_ACCESS_LOCAL_WRITE, &mr), 0);
+  for (ibv_sge &g : s.sge) g.lkey = mr->lkey;  // used as given, not looked up
+  regcore_stats before;
+  regcore_get_stats(e.core, &before);
+  regcore_rw_ctx *ctx;
+  CHECK_EQ(regcore_rw_ctx_init(&ctx, e.core, e.qp, s.sge.data(), 6, raddr(e, 0), e.remote_rkey,
+                               REGCORE_DIR_READ), 3);
+  regcore_stats after;
+  regcore_get_stats(e.core, &after);
+  CHECK_EQ(after.cache_hits + after.cache_misses, before.cache_hits + before.cache_misses);
+  simverbs_fault_inject(SIMVERBS_FAULT_QP_ERROR, 2, 0);
+  CHECK_EQ(regcore_rw_ctx_post(ctx, e.qp, 77, nullptr), 0);
+  // A ULP with its own poll loop hands every completion to regcore.
+  int ulp = 0, internal = 0;
+  ibv_wc wc[8];
+  for (int i = 0; i < 10; i++) {
+    int n = ibv_poll_cq(e.scq, 8, wc);
+    for (int k = 0; k < n; k++) {
+      if (regcore_process_wc(e.core, &wc[k])) {
+        ulp++;
+        CHECK_EQ(wc[k].wr_id, 77u);
+        CHECK_EQ(wc[k].status, IBV_WC_WR_FLUSH_ERR);
+      } else {
+        internal++;
+      }
+    }
+  }
+  CHECK_EQ(ulp, 1);
+  CHECK_EQ(internal, 1);  // READ 2 flushed unsignaled; READ 1 ran unsignaled
+  CHECK_EQ(regcore_rw_ctx_destroy(ctx), 0);
+  CHECK_EQ(regcore_mr_put(e.core, mr), 0);
+  simverbs_fault_clear();
+}
+
 TEST(policy_text_lists_every_class) {
   Env e(SIMVERBS_PROFILE_MLX5);
   int need = regcore_policy_describe(e.core, nullptr, 0);
