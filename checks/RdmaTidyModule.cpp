@@ -7,7 +7,11 @@
 
 #include "AccessFlagsInvalidCheck.h"
 #include "AccessFlagsTransportCheck.h"
+#include "QueueCapUncheckedCheck.h"
 #include "RemoteAccessOverbroadCheck.h"
+#include "SendQueueManualFactorCheck.h"
+#include "SendQueueUndersizedCheck.h"
+#include "UnsignaledSendStarvationCheck.h"
 #include "clang-tidy/ClangTidyModule.h"
 
 namespace ulplint {
@@ -18,6 +22,11 @@ public:
     F.registerCheck<AccessFlagsInvalidCheck>("rdma-access-flags-invalid");
     F.registerCheck<AccessFlagsTransportCheck>("rdma-access-flags-transport");
     F.registerCheck<RemoteAccessOverbroadCheck>("rdma-remote-access-overbroad");
+    F.registerCheck<SendQueueUndersizedCheck>("rdma-send-queue-undersized");
+    F.registerCheck<SendQueueManualFactorCheck>("rdma-send-queue-manual-factor");
+    F.registerCheck<UnsignaledSendStarvationCheck>(
+        "rdma-unsignaled-send-starvation");
+    F.registerCheck<QueueCapUncheckedCheck>("rdma-queue-cap-unchecked");
   }
 };
 

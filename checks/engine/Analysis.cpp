@@ -68,16 +68,21 @@ class BodyCollector : public RecursiveASTVisitor<BodyCollector> {
 public:
   BodyCollector(TuAnalysis &A, const FunctionDecl *FD,
                 std::vector<ApiCall> &Calls,
+                std::vector<std::pair<const CallExpr *, const FunctionDecl *>>
+                    &DirectCalls,
                 std::function<void(const Stmt *, const Location &, QualType,
                                    const Expr *)>
                     OnInit,
                 std::function<void(const BinaryOperator *)> OnAssign)
-      : A(A), FD(FD), Calls(Calls), OnInit(std::move(OnInit)),
+      : A(A), FD(FD), Calls(Calls), DirectCalls(DirectCalls),
+        OnInit(std::move(OnInit)),
         OnAssign(std::move(OnAssign)) {}
 
   bool VisitCallExpr(CallExpr *CE) {
     if (const FunctionModel *M = A.modelOf(CE))
       Calls.push_back({CE, M, FD});
+    else if (CE->getDirectCallee())
+      DirectCalls.push_back({CE, FD});
     return true;
   }
   bool VisitBinaryOperator(BinaryOperator *BO) {
@@ -100,6 +105,7 @@ private:
   TuAnalysis &A;
   const FunctionDecl *FD;
   std::vector<ApiCall> &Calls;
+  std::vector<std::pair<const CallExpr *, const FunctionDecl *>> &DirectCalls;
   std::function<void(const Stmt *, const Location &, QualType, const Expr *)>
       OnInit;
   std::function<void(const BinaryOperator *)> OnAssign;
@@ -255,7 +261,7 @@ void TuAnalysis::collectFunction(const FunctionDecl *FD) {
     if (auto L = locationOf(BO->getLHS()))
       addInitStores(FD, BO, *L, BO->getLHS()->getType(), BO->getRHS());
   };
-  BodyCollector(*this, FD, Calls, OnInit, OnAssign)
+  BodyCollector(*this, FD, Calls, DirectCalls, OnInit, OnAssign)
       .TraverseStmt(FD->getBody());
 }
 
@@ -317,6 +323,25 @@ const FunctionModel *TuAnalysis::modelOf(const CallExpr *CE) const {
   if (!Callee || !Callee->getIdentifier())
     return nullptr;
   return R.function(Callee->getName());
+}
+
+std::vector<std::pair<const CallExpr *, const FunctionDecl *>>
+TuAnalysis::callersOf(const FunctionDecl *Callee) const {
+  std::vector<std::pair<const CallExpr *, const FunctionDecl *>> Found;
+  const FunctionDecl *Canonical = Callee->getCanonicalDecl();
+  for (const auto &[CE, Caller] : DirectCalls)
+    if (CE->getDirectCallee()->getCanonicalDecl() == Canonical)
+      Found.push_back({CE, Caller});
+  return Found;
+}
+
+std::vector<const CallExpr *>
+TuAnalysis::callsTo(const FunctionDecl *Caller, const FunctionDecl *Callee) const {
+  std::vector<const CallExpr *> Found;
+  for (const auto &[CE, From] : callersOf(Callee))
+    if (From == Caller)
+      Found.push_back(CE);
+  return Found;
 }
 
 FunctionFlow &TuAnalysis::flow(const FunctionDecl *FD) const {
@@ -394,6 +419,31 @@ std::optional<FieldStore> TuAnalysis::classify(const Location &Target) const {
       if (const FieldDecl *Base = fieldNamed(Owner, S->Base))
         FS.Object.Steps.push_back({Base});
     return FS;
+  }
+  return std::nullopt;
+}
+
+std::optional<Location> TuAnalysis::member(const Location &Object,
+                                           StringRef Role) const {
+  QualType T = typeAt(Object, Object.Steps.size());
+  const StructModel *S = structOf(T);
+  if (!S)
+    return std::nullopt;
+  for (const auto &[Path, FieldRole] : S->Fields) {
+    if (FieldRole != Role)
+      continue;
+    Location L = Object;
+    QualType Cur = T;
+    llvm::SmallVector<StringRef, 4> Parts;
+    StringRef(Path).split(Parts, '.');
+    for (StringRef Part : Parts) {
+      const FieldDecl *F = fieldNamed(Cur, Part);
+      if (!F)
+        return std::nullopt;
+      L.Steps.push_back({F});
+      Cur = F->getType();
+    }
+    return L;
   }
   return std::nullopt;
 }

@@ -76,6 +76,23 @@ public:
   llvm::ArrayRef<FieldStore> stores() const { return Stores; }
 
   const FunctionModel *modelOf(const clang::CallExpr *CE) const;
+  /// Direct calls to \p Callee from analysed functions, with their callers.
+  std::vector<std::pair<const clang::CallExpr *, const clang::FunctionDecl *>>
+  callersOf(const clang::FunctionDecl *Callee) const;
+  /// Calls to \p Callee inside \p Caller.
+  std::vector<const clang::CallExpr *> callsTo(const clang::FunctionDecl *Caller,
+                                               const clang::FunctionDecl *Callee) const;
+
+  /// A model derived from this analysis (work requests, lifecycles, ...),
+  /// built on first use: T must be constructible from a TuAnalysis.
+  template <typename T> const T &cached() const {
+    static const char Key = 0;
+    std::shared_ptr<void> &Slot = Derived[&Key];
+    if (!Slot)
+      Slot = std::shared_ptr<void>(new T(*this),
+                                   [](void *P) { delete static_cast<T *>(P); });
+    return *static_cast<const T *>(Slot.get());
+  }
   FunctionFlow &flow(const clang::FunctionDecl *FD) const;
   /// A value evaluator for expressions inside \p FD.
   ValueEval values(const clang::FunctionDecl *FD) const;
@@ -119,6 +136,10 @@ public:
   std::vector<Use> usesOf(const Location &Handle,
                           const clang::FunctionDecl *Where) const;
 
+  /// The member of \p Object that has \p Role in its struct model
+  /// (`wr` + send_flags -> `wr.send_flags`), if the model names one.
+  std::optional<Location> member(const Location &Object, llvm::StringRef Role) const;
+
   /// Value of an enumerator declared in the unit, by name.
   std::optional<int64_t> enumValue(llvm::StringRef Name) const;
   /// Name of the enumerator of \p T's enum type with value \p V.
@@ -157,6 +178,9 @@ private:
       Flows;
   llvm::StringMap<uint64_t> AccessBits;
   llvm::DenseMap<const clang::CallExpr *, Location> Results;
+  std::vector<std::pair<const clang::CallExpr *, const clang::FunctionDecl *>>
+      DirectCalls;
+  mutable llvm::DenseMap<const void *, std::shared_ptr<void>> Derived;
   const clang::Stmt *IWarpGuard = nullptr;
   llvm::DenseMap<const clang::CallExpr *, const clang::FunctionDecl *> CallerOf;
 };

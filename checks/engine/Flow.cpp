@@ -237,9 +237,10 @@ void FunctionFlow::collectDefs() {
     if (D.Target.Steps.empty())
       ++Count[D.Target.Root];
   for (const Def &D : Defs) {
+    // Parameters carry the caller's value besides any assignment.
     const auto *VD = dyn_cast_or_null<VarDecl>(D.Target.Root);
-    if (!VD || !D.Target.Steps.empty() || Count[VD] != 1 ||
-        D.K != Def::Assign || !VD->getType()->isPointerType())
+    if (!VD || isa<ParmVarDecl>(VD) || !D.Target.Steps.empty() ||
+        Count[VD] != 1 || D.K != Def::Assign || !VD->getType()->isPointerType())
       continue;
     if (auto Target = locationOf(D.Value))
       if (Target->Root != VD)
@@ -550,8 +551,8 @@ FlagSet ValueEval::eval(const Expr *E, unsigned Depth) const {
 
 /// The initializer of the part of an aggregate named by \p Steps, walking
 /// the semantic form of nested initializer lists. Null when it cannot tell.
-static const Expr *subInitializer(const Expr *Init,
-                                  llvm::ArrayRef<Location::Step> Steps) {
+const Expr *subInitializer(const Expr *Init,
+                           llvm::ArrayRef<Location::Step> Steps) {
   for (const Location::Step &Step : Steps) {
     const auto *ILE = dyn_cast_or_null<InitListExpr>(stripExpr(Init));
     if (const auto *CLE = dyn_cast_or_null<CompoundLiteralExpr>(stripExpr(Init)))
@@ -649,6 +650,10 @@ FlagSet ValueEval::evalLocation(const Stmt *Use, const Location &L,
   if (Result.empty())
     return FlagSet::unknown(Use);
   return Result;
+}
+
+FlagSet ValueEval::flagsAt(const Location &L, const Stmt *At) const {
+  return evalLocation(At, Flow.resolve(L), BaseDepth);
 }
 
 FlagSet ValueEval::flagsAfter(const Location &L, const Stmt *At) const {

@@ -42,6 +42,7 @@ struct Location {
   bool operator==(const Location &O) const {
     return Root == O.Root && Steps == O.Steps;
   }
+  bool operator!=(const Location &O) const { return !(*this == O); }
   /// True when this location is `Other` or lies inside it.
   bool isWithin(const Location &Other) const;
   /// Drop the last \p N steps.
@@ -56,12 +57,21 @@ struct Location {
   std::string fieldPath(size_t From = 0) const;
 };
 
+/// The initializer of the member named by \p Steps inside the braced
+/// initializer \p Init, or null when it cannot tell.
+const clang::Expr *subInitializer(const clang::Expr *Init,
+                                  llvm::ArrayRef<Location::Step> Steps);
+
 /// The location an lvalue-ish expression names, looking through parens,
 /// casts, `*p` and `&x`. Does not follow aliases (see FunctionFlow::resolve).
 std::optional<Location> locationOf(const clang::Expr *E);
 
 /// Strip parens, implicit and explicit casts.
 const clang::Expr *stripExpr(const clang::Expr *E);
+
+/// The initializer of the member named by \p Steps inside the braced
+/// initializer \p Init (semantic form), or null when it cannot tell.
+
 
 /// One assignment to a location inside a function.
 struct Def {
@@ -151,6 +161,8 @@ public:
       : A(A), Flow(Flow), BaseDepth(BaseDepth) {}
 
   FlagSet flags(const clang::Expr *E) const;
+  /// Value of \p L (as named in this function) when \p At executes.
+  FlagSet flagsAt(const Location &L, const clang::Stmt *At) const;
   /// Value of \p L right after the definition(s) made by statement \p At.
   FlagSet flagsAfter(const Location &L, const clang::Stmt *At) const;
   /// The expression is (or reads a local computed from) a transport test.

@@ -37,6 +37,7 @@ struct RawDomainFile {
   std::map<std::string, std::string> Opcodes;
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
+  std::map<std::string, int64_t> PortableCaps;
   std::vector<RawStruct> Structs;
   std::vector<RawFunction> Functions;
 };
@@ -91,6 +92,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("opcodes", D.Opcodes);
     Io.mapOptional("transport_constants", D.TransportConstants);
     Io.mapOptional("ib_constants", D.IbConstants);
+    Io.mapOptional("portable_caps", D.PortableCaps);
     Io.mapOptional("structs", D.Structs);
     Io.mapRequired("functions", D.Functions);
   }
@@ -258,6 +260,7 @@ struct RulesBuilder {
     DM.Flags = Raw.Flags;
     DM.TransportConstants = Raw.TransportConstants;
     DM.IbConstants = Raw.IbConstants;
+    DM.PortableCaps = Raw.PortableCaps;
     for (auto &[Family, Flags] : Raw.Flags)
       for (auto &[Flag, Enumerator] : Flags)
         R.FlagIndex[Enumerator] = {Family, Flag};

@@ -116,6 +116,7 @@ struct DomainModel {
   std::map<std::string, std::string> Opcodes; // enumerator -> opcode name
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
+  std::map<std::string, int64_t> PortableCaps;
 };
 
 struct RuleInfo {

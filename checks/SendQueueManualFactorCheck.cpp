@@ -1,0 +1,117 @@
+//===- SendQueueManualFactorCheck.cpp - rdma-send-queue-manual-factor -----===//
+
+#include "SendQueueManualFactorCheck.h"
+#include "engine/WorkRequests.h"
+#include "clang/AST/ASTContext.h"
+#include "clang/Lex/Lexer.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+/// The work requests posted per I/O include registration or invalidation.
+static bool postsRegistrations(const WorkRequests &W) {
+  for (const WrSlot *S : W.perIoSlots())
+    if (S->mayBe(Opcode::RegMr) || S->mayBe(Opcode::LocalInv) ||
+        S->mayBe(Opcode::BindMw))
+      return true;
+  return false;
+}
+
+/// The depth and factor of `factor * depth`: the depth is the struct field
+/// or global, the factor the ULP's own number.
+static bool splitFactor(const Linear &V, std::string &Depth,
+                        std::string &Factor) {
+  if (V.Terms.size() != 1 || V.UsesCoreSizing || V.FromHelperFactor)
+    return false;
+  const LinearTerm &T = V.Terms.front();
+  if (T.Factors.empty()) {
+    if (T.Coef < 2 || !T.E)
+      return false;
+    Depth = T.Symbol;
+    Factor = std::to_string(T.Coef);
+    return true;
+  }
+  auto IsField = [](StringRef S) {
+    return S.contains("->") || S.contains('.');
+  };
+  if (IsField(T.Factors[1]) && !IsField(T.Factors[0])) {
+    Factor = T.Factors[0];
+    Depth = T.Factors[1];
+  } else if (IsField(T.Factors[0]) && !IsField(T.Factors[1])) {
+    Factor = T.Factors[1];
+    Depth = T.Factors[0];
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// `attr.cap.max_send_wr = depth + b;` and `attr.cap.max_rdma_ctxs = depth;`
+static std::vector<FixItHint> rdmaRwFix(const TuAnalysis &A,
+                                        const FieldStore &S,
+                                        const std::string &Depth,
+                                        int64_t Const) {
+  const auto *BO = dyn_cast<BinaryOperator>(S.At);
+  const ASTContext &Ctx = A.context();
+  if (!BO || BO->getOpcode() != BO_Assign)
+    return {};
+  std::string Lhs = sourceText(Ctx, BO->getLHS());
+  CharSourceRange Rhs = userRange(Ctx, BO->getRHS());
+  StringRef Suffix = "max_send_wr";
+  if (Rhs.isInvalid() || !StringRef(Lhs).ends_with(Suffix))
+    return {};
+  std::string Ctxs = Lhs.substr(0, Lhs.size() - Suffix.size()) + "max_rdma_ctxs";
+  std::string NewRhs = Depth + (Const ? " + " + std::to_string(Const) : "");
+  const SourceManager &SM = Ctx.getSourceManager();
+  SourceLocation AfterSemi = Lexer::findLocationAfterToken(
+      SM.getFileLoc(BO->getEndLoc()), tok::semi, SM, Ctx.getLangOpts(), false);
+  if (AfterSemi.isInvalid())
+    return {};
+  // Indent like the statement being replaced.
+  StringRef Line = Lexer::getIndentationForLine(SM.getFileLoc(BO->getBeginLoc()), SM);
+  return {FixItHint::CreateReplacement(Rhs, NewRhs),
+          FixItHint::CreateInsertion(AfterSemi, "\n" + Line.str() + Ctxs +
+                                                    " = " + Depth + ";")};
+}
+
+void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
+  const WorkRequests &W = WorkRequests::of(A);
+  if (!postsRegistrations(W))
+    return;
+  llvm::DenseSet<const FunctionDecl *> Reported;
+  for (const FieldStore &S : A.stores()) {
+    if (S.Role != "max_send_wr" || S.Struct->Role != "qp_init_attr" ||
+        Reported.count(S.Fn))
+      continue;
+    // rdma_rw users size their contexts; their max_send_wr is their own.
+    bool UsesRw = llvm::any_of(A.stores(), [&](const FieldStore &O) {
+      return O.Role == "max_rdma_ctxs" &&
+             A.sameStorage(O.Object, O.Fn, S.Object, S.Fn);
+    });
+    std::optional<Linear> V = linearAfter(A, S.Fn, S.Target, S.At);
+    std::string Depth, Factor;
+    if (UsesRw || !V || !splitFactor(*V, Depth, Factor))
+      continue;
+    Reported.insert(S.Fn);
+    bool Kernel = A.domain() == Domain::Kernel;
+    report(A, S.Spelling->getBeginLoc(),
+           "max_send_wr multiplies the queue depth '" + Depth +
+               "' by a hand-made factor '" + Factor +
+               "' for registration and invalidation work requests; " +
+               (Kernel ? "let the core size it: set cap.max_rdma_ctxs and "
+                         "register through rdma_rw_ctx_*() (rdma_rw_init_qp() "
+                         "adds the registration WRs per context)"
+                       : "create the QP with regcore_qp_create(), which adds "
+                         "the per-context registration WRs for a declared "
+                         "number of contexts"));
+    DiagnosticBuilder N = note(A, S.Spelling->getBeginLoc(),
+                               Kernel ? "size the queue through cap.max_rdma_ctxs"
+                                      : "size the queue with regcore_qp_create()");
+    if (Kernel && V->Terms.front().Factors.empty())
+      for (const FixItHint &Fix : rdmaRwFix(A, S, Depth, V->Const))
+        N << Fix;
+  }
+}
+
+} // namespace ulplint

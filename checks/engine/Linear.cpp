@@ -1,0 +1,351 @@
+//===- Linear.cpp - Queue sizes as a*X + b over named quantities ----------===//
+
+#include "Linear.h"
+#include "Analysis.h"
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/RecursiveASTVisitor.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+std::string Linear::str() const {
+  std::string S;
+  for (const LinearTerm &T : Terms) {
+    if (!S.empty())
+      S += T.Coef < 0 ? "-" : "+";
+    else if (T.Coef < 0)
+      S += "-";
+    int64_t Abs = T.Coef < 0 ? -T.Coef : T.Coef;
+    S += std::to_string(Abs) + "*" + T.Symbol;
+  }
+  if (Const || S.empty()) {
+    if (!S.empty())
+      S += Const < 0 ? "-" : "+";
+    else if (Const < 0)
+      S += "-";
+    S += std::to_string(Const < 0 ? -Const : Const);
+  }
+  if (Opaque)
+    S += " (partly unknown)";
+  return S;
+}
+
+namespace {
+
+/// Text of \p E as written, or as Clang prints it when it is macro inside.
+std::string exprText(const ASTContext &Ctx, const Expr *E) {
+  std::string Text = sourceText(Ctx, E);
+  if (!Text.empty())
+    return Text;
+  llvm::raw_string_ostream OS(Text);
+  E->printPretty(OS, nullptr, Ctx.getPrintingPolicy());
+  return Text;
+}
+
+/// Does \p E read a device limit (ib_device_attr.max_qp_wr, ...)?
+class LimitFinder : public RecursiveASTVisitor<LimitFinder> {
+public:
+  explicit LimitFinder(const TuAnalysis &A) : A(A) {}
+  bool Found = false;
+  bool VisitMemberExpr(MemberExpr *ME) {
+    if (auto FS = A.classifyMember(ME))
+      if (StringRef(FS->Role).starts_with("limit_"))
+        Found = true;
+    return !Found;
+  }
+
+private:
+  const TuAnalysis &A;
+};
+
+class LinearEval {
+public:
+  LinearEval(const TuAnalysis &A, const FunctionDecl *Fn)
+      : A(A), Fn(Fn), Ctx(A.context()) {}
+
+  Linear eval(const Expr *E, unsigned Depth) {
+    Linear R = evalInner(E, Depth);
+    LimitFinder LF(A);
+    LF.TraverseStmt(const_cast<Expr *>(E));
+    R.ReadsDeviceLimit |= LF.Found;
+    return R;
+  }
+
+private:
+  Linear evalInner(const Expr *E, unsigned Depth) {
+    E = stripExpr(E);
+    if (!E || Depth > 12)
+      return opaque(E);
+    if (auto C = A.values(Fn).constant(E)) {
+      Linear L;
+      L.Const = *C;
+      return L;
+    }
+    if (const auto *BO = dyn_cast<BinaryOperator>(E))
+      return binary(BO, Depth);
+    if (const auto *CO = dyn_cast<ConditionalOperator>(E)) {
+      Linear T = eval(CO->getTrueExpr(), Depth + 1);
+      Linear F = eval(CO->getFalseExpr(), Depth + 1);
+      if (T.str() == F.str())
+        return T;
+      return opaque(E, T, F);
+    }
+    if (const auto *CE = dyn_cast<CallExpr>(E))
+      return call(CE);
+    if (std::optional<Location> L = locationOf(E))
+      return location(E, *L, Depth);
+    return opaque(E);
+  }
+
+  Linear binary(const BinaryOperator *BO, unsigned Depth) {
+    BinaryOperatorKind Op = BO->getOpcode();
+    if (Op == BO_Comma)
+      return eval(BO->getRHS(), Depth + 1);
+    if (Op != BO_Add && Op != BO_Sub && Op != BO_Mul)
+      return opaque(BO, eval(BO->getLHS(), Depth + 1),
+                    eval(BO->getRHS(), Depth + 1));
+    Linear L = eval(BO->getLHS(), Depth + 1);
+    Linear R = eval(BO->getRHS(), Depth + 1);
+    if (Op == BO_Add || Op == BO_Sub)
+      return add(L, R, Op == BO_Sub ? -1 : 1);
+    if (L.isConstant())
+      return scale(R, L.Const);
+    if (R.isConstant())
+      return scale(L, R.Const);
+    // Two quantities: keep the product as one named term.
+    Linear P = merged(L, R);
+    LinearTerm T;
+    T.Symbol = exprText(Ctx, BO);
+    T.E = BO;
+    T.Factors = {exprText(Ctx, BO->getLHS()), exprText(Ctx, BO->getRHS())};
+    P.Terms.assign(1, T);
+    P.Const = 0;
+    P.Opaque = L.Opaque || R.Opaque;
+    return P;
+  }
+
+  Linear call(const CallExpr *CE) {
+    Linear L = opaque(CE);
+    if (const FunctionModel *M = A.modelOf(CE)) {
+      L.UsesCoreSizing = M->E == Effect::RwMaxSendWr;
+      L.FromHelperFactor = M->E == Effect::RwMrFactor;
+      L.Opaque = false;
+    }
+    return L;
+  }
+
+  Linear location(const Expr *E, const Location &L, unsigned Depth) {
+    const FunctionFlow &Flow = A.flow(Fn);
+    Location R = Flow.resolve(L);
+    const auto *VD = dyn_cast_or_null<VarDecl>(R.Root);
+    if (R.Steps.empty() && VD && VD->isLocalVarDecl())
+      return local(E, R, Depth);
+    if (R.Steps.empty() && isa_and_nonnull<ParmVarDecl>(R.Root))
+      return parameter(E, cast<ParmVarDecl>(R.Root), Depth);
+    return term(E);
+  }
+
+  /// A local: the one value every reaching definition gives it.
+  Linear local(const Expr *Use, const Location &L, unsigned Depth) {
+    std::optional<Linear> Common;
+    for (const Def *D : A.flow(Fn).reaching(L, Use)) {
+      if (!D || D->K != Def::Assign || !D->Value)
+        return term(Use);
+      Linear V = eval(D->Value, Depth + 1);
+      if (Common && Common->str() != V.str())
+        return opaque(Use, *Common, V);
+      Common = V;
+    }
+    return Common ? *Common : term(Use);
+  }
+
+  /// A parameter: the constant every caller in this unit passes, if any.
+  Linear parameter(const Expr *Use, const ParmVarDecl *P, unsigned Depth) {
+    std::optional<int64_t> Value;
+    unsigned Index = P->getFunctionScopeIndex();
+    auto Callers = A.callersOf(Fn);
+    if (Callers.empty() || !Fn->isStatic())
+      return term(Use); // callers elsewhere may pass anything
+    for (const auto &[CE, Caller] : Callers) {
+      if (Index >= CE->getNumArgs())
+        return term(Use);
+      Linear Arg = LinearEval(A, Caller).eval(CE->getArg(Index), Depth + 1);
+      if (!Arg.isConstant() || (Value && *Value != Arg.Const))
+        return term(Use);
+      Value = Arg.Const;
+    }
+    Linear C;
+    C.Const = *Value;
+    return C;
+  }
+
+  Linear term(const Expr *E) {
+    Linear L;
+    LinearTerm T;
+    T.Symbol = exprText(Ctx, E);
+    T.E = E;
+    L.Terms.push_back(T);
+    return L;
+  }
+
+  Linear opaque(const Expr *E, const Linear &X = Linear(),
+                const Linear &Y = Linear()) {
+    Linear L = merged(X, Y);
+    L.Const = 0;
+    L.Terms.clear();
+    L.Opaque = true;
+    if (E) {
+      LinearTerm T;
+      T.Symbol = exprText(Ctx, E);
+      T.E = E;
+      L.Terms.push_back(T);
+    }
+    return L;
+  }
+
+  static Linear merged(const Linear &X, const Linear &Y) {
+    Linear L;
+    L.ReadsDeviceLimit = X.ReadsDeviceLimit || Y.ReadsDeviceLimit;
+    L.UsesCoreSizing = X.UsesCoreSizing || Y.UsesCoreSizing;
+    L.FromHelperFactor = X.FromHelperFactor || Y.FromHelperFactor;
+    return L;
+  }
+
+  static Linear add(const Linear &X, const Linear &Y, int64_t Sign) {
+    Linear L = merged(X, Y);
+    L.Const = X.Const + Sign * Y.Const;
+    L.Opaque = X.Opaque || Y.Opaque;
+    L.Terms = X.Terms;
+    for (LinearTerm T : Y.Terms) {
+      T.Coef *= Sign;
+      auto Same = llvm::find_if(L.Terms, [&](const LinearTerm &O) {
+        return O.Symbol == T.Symbol;
+      });
+      if (Same != L.Terms.end())
+        Same->Coef += T.Coef;
+      else
+        L.Terms.push_back(T);
+    }
+    llvm::erase_if(L.Terms, [](const LinearTerm &T) { return T.Coef == 0; });
+    return L;
+  }
+
+  static Linear scale(Linear X, int64_t K) {
+    X.Const *= K;
+    for (LinearTerm &T : X.Terms)
+      T.Coef *= K;
+    return X;
+  }
+
+  const TuAnalysis &A;
+  const FunctionDecl *Fn;
+  const ASTContext &Ctx;
+};
+
+} // namespace
+
+Linear evalLinear(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *E) {
+  return LinearEval(A, Fn).eval(E, 0);
+}
+
+static std::optional<Linear> linearOfDef(const TuAnalysis &A,
+                                         const FunctionDecl *Fn,
+                                         const Location &L, const Def &D,
+                                         unsigned Depth);
+
+static std::optional<Linear> linearAtImpl(const TuAnalysis &A,
+                                          const FunctionDecl *Fn,
+                                          const Location &L, const Stmt *At,
+                                          unsigned Depth) {
+  std::optional<Linear> Common;
+  bool Varies = false;
+  Linear Flags;
+  for (const Def *D : A.flow(Fn).reaching(L, At)) {
+    if (!D)
+      return std::nullopt; // from outside this function
+    std::optional<Linear> V = linearOfDef(A, Fn, L, *D, Depth + 1);
+    if (!V)
+      return std::nullopt;
+    Flags.ReadsDeviceLimit |= V->ReadsDeviceLimit;
+    Flags.UsesCoreSizing |= V->UsesCoreSizing;
+    if (Common && Common->str() != V->str())
+      Varies = true;
+    if (!Common)
+      Common = V;
+  }
+  if (!Common)
+    return std::nullopt;
+  if (Varies) {
+    Common->Opaque = true;
+    Common->ReadsDeviceLimit |= Flags.ReadsDeviceLimit;
+    Common->UsesCoreSizing |= Flags.UsesCoreSizing;
+  }
+  return Common;
+}
+
+static std::optional<Linear> linearOfDef(const TuAnalysis &A,
+                                         const FunctionDecl *Fn,
+                                         const Location &L, const Def &D,
+                                         unsigned Depth) {
+  if (Depth > 8)
+    return std::nullopt;
+  switch (D.K) {
+  case Def::Zero: {
+    Linear Z;
+    return Z;
+  }
+  case Def::Assign: {
+    if (D.Target == L)
+      return evalLinear(A, Fn, D.Value);
+    const Expr *Init = stripExpr(D.Value);
+    bool Braced = isa_and_nonnull<InitListExpr>(Init) ||
+                  isa_and_nonnull<CompoundLiteralExpr>(Init);
+    const Expr *Sub = subInitializer(
+        D.Value, llvm::ArrayRef(L.Steps).drop_front(D.Target.Steps.size()));
+    if (Sub && !isa<ImplicitValueInitExpr>(stripExpr(Sub)))
+      return evalLinear(A, Fn, Sub);
+    if (Braced)
+      return Linear();
+    return std::nullopt;
+  }
+  case Def::Compound: {
+    if (D.Target != L || (D.Op != BO_AddAssign && D.Op != BO_SubAssign))
+      return std::nullopt;
+    std::optional<Linear> Before = linearAtImpl(A, Fn, L, D.S, Depth + 1);
+    if (!Before)
+      return std::nullopt;
+    Linear Delta = evalLinear(A, Fn, D.Value);
+    int64_t Sign = D.Op == BO_SubAssign ? -1 : 1;
+    Before->Const += Sign * Delta.Const;
+    for (LinearTerm T : Delta.Terms) {
+      T.Coef *= Sign;
+      Before->Terms.push_back(T);
+    }
+    Before->Opaque |= Delta.Opaque;
+    Before->ReadsDeviceLimit |= Delta.ReadsDeviceLimit;
+    return Before;
+  }
+  default:
+    return std::nullopt;
+  }
+}
+
+std::optional<Linear> linearAt(const TuAnalysis &A, const FunctionDecl *Fn,
+                               const Location &L, const Stmt *At) {
+  return linearAtImpl(A, Fn, A.flow(Fn).resolve(L), At, 0);
+}
+
+std::optional<Linear> linearAfter(const TuAnalysis &A, const FunctionDecl *Fn,
+                                  const Location &L, const Stmt *At) {
+  Location R = A.flow(Fn).resolve(L);
+  const Def *Last = nullptr;
+  for (const Def &D : A.flow(Fn).defs())
+    if (D.S == At && R.isWithin(D.Target))
+      Last = &D;
+  if (!Last)
+    return std::nullopt;
+  return linearOfDef(A, Fn, R, *Last, 0);
+}
+
+} // namespace ulplint

@@ -1,0 +1,95 @@
+//===- WorkRequests.h - Work requests, posts and queue pairs ----*- C++ -*-===//
+//
+// For each post the engine computes the chain of work requests it may post
+// (following .next through struct fields, locals, helper parameters and the
+// callers' arguments), the opcodes and signaling of each, and for each QP
+// creation the requested capacities. The checks on send-queue accounting
+// read this model.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ULPLINT_ENGINE_WORKREQUESTS_H
+#define ULPLINT_ENGINE_WORKREQUESTS_H
+
+#include "Analysis.h"
+#include "Linear.h"
+#include <map>
+
+namespace ulplint {
+
+/// One work request as the code names it, possibly under several names
+/// (`first` in a helper is `&req->reg_wr.wr` in its caller).
+struct WrSlot {
+  llvm::SmallVector<std::pair<Location, const clang::FunctionDecl *>, 2> Names;
+  /// Identity across posts: the struct field it lives in, or the function
+  /// local.
+  std::string Key;
+  llvm::SmallVector<Opcode, 2> Ops; // possible opcodes; empty if unknown
+  enum SignalKind { Never, Sometimes, Always, Unknown };
+  SignalKind Signal = Unknown;
+  /// Where the signaling decision is made (send_flags store), if anywhere.
+  const FieldStore *Flags = nullptr;
+  clang::SourceLocation Loc; // where its opcode is set
+
+  bool mayBe(Opcode O) const { return llvm::is_contained(Ops, O); }
+};
+
+/// A post of send work requests: ibv_post_send, ib_post_send, the extended
+/// API between ibv_wr_start and ibv_wr_complete, librdmacm's rdma_post_*.
+struct PostSite {
+  const ApiCall *Call = nullptr;
+  const clang::FunctionDecl *Fn = nullptr;
+  const clang::Expr *Qp = nullptr;
+  /// The longest chain among the alternatives the code allows.
+  std::vector<WrSlot> Chain;
+  bool Complete = true;     // every link of the chain was resolved
+  bool CoreManaged = false; // rdma_rw / regcore post their own WRs here
+  bool CoreSignals = false; // ... and signal the last one (cqe given)
+};
+
+/// A QP creation and what it asks for.
+struct QpCreation {
+  const ApiCall *Call = nullptr;
+  const clang::FunctionDecl *Fn = nullptr;
+  /// The capacity stores into the attribute struct, by role
+  /// (max_send_wr, max_recv_wr, max_send_sge, ...).
+  std::map<std::string, const FieldStore *> Caps;
+  /// sq_sig_all / sq_sig_type: true when every WR is signaled, false when
+  /// only WRs with the SIGNALED flag are, unset when the code never says.
+  std::optional<bool> SignalAll;
+  const FieldStore *SignalStore = nullptr;
+  bool CoreManaged = false; // regcore_qp_create
+};
+
+/// The value a QP creation requests for \p Role (max_send_wr, ...): the value
+/// at the creation when the creating function sets it, else the value after
+/// the last store elsewhere.
+std::optional<Linear> capValue(const TuAnalysis &A, const QpCreation &Q,
+                               llvm::StringRef Role);
+
+class WorkRequests {
+public:
+  static const WorkRequests &of(const TuAnalysis &A);
+  explicit WorkRequests(const TuAnalysis &A);
+
+  llvm::ArrayRef<PostSite> posts() const { return Posts; }
+  llvm::ArrayRef<QpCreation> creations() const { return Creations; }
+  /// ib_drain_qp / ib_drain_sq calls: each needs a free send-queue slot.
+  unsigned drains() const { return Drains; }
+
+  /// Distinct work requests posted per I/O across all posts: the send-queue
+  /// entries one request may occupy before its completion is reaped.
+  std::vector<const WrSlot *> perIoSlots() const;
+  /// "REG_MR, SEND, LOCAL_INV"
+  static std::string describe(llvm::ArrayRef<const WrSlot *> Slots);
+
+private:
+  const TuAnalysis &A;
+  std::vector<PostSite> Posts;
+  std::vector<QpCreation> Creations;
+  unsigned Drains = 0;
+};
+
+} // namespace ulplint
+
+#endif
