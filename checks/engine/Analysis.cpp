@@ -73,14 +73,22 @@ public:
                 std::function<void(const Stmt *, const Location &, QualType,
                                    const Expr *)>
                     OnInit,
-                std::function<void(const BinaryOperator *)> OnAssign)
+                std::function<void(const BinaryOperator *)> OnAssign,
+                std::function<void(const CallExpr *, const Location &)> OnResult)
       : A(A), FD(FD), Calls(Calls), DirectCalls(DirectCalls),
-        OnInit(std::move(OnInit)),
-        OnAssign(std::move(OnAssign)) {}
+        OnInit(std::move(OnInit)), OnAssign(std::move(OnAssign)),
+        OnResult(std::move(OnResult)) {}
 
   bool VisitCallExpr(CallExpr *CE) {
-    if (const FunctionModel *M = A.modelOf(CE))
+    if (const FunctionModel *M = A.modelOf(CE)) {
       Calls.push_back({CE, M, FD});
+      // regcore_mr_get(core, buf, len, flags, &mr): the handle comes back
+      // through an out-parameter.
+      if (std::optional<unsigned> Out = M->arg("out"))
+        if (*Out < CE->getNumArgs())
+          if (auto L = locationOf(CE->getArg(*Out)))
+            OnResult(CE, *L);
+    }
     else if (CE->getDirectCallee())
       DirectCalls.push_back({CE, FD});
     return true;
@@ -109,6 +117,7 @@ private:
   std::function<void(const Stmt *, const Location &, QualType, const Expr *)>
       OnInit;
   std::function<void(const BinaryOperator *)> OnAssign;
+  std::function<void(const CallExpr *, const Location &)> OnResult;
 };
 } // namespace
 
@@ -261,7 +270,11 @@ void TuAnalysis::collectFunction(const FunctionDecl *FD) {
     if (auto L = locationOf(BO->getLHS()))
       addInitStores(FD, BO, *L, BO->getLHS()->getType(), BO->getRHS());
   };
-  BodyCollector(*this, FD, Calls, DirectCalls, OnInit, OnAssign)
+  auto OnResult = [&](const CallExpr *CE, const Location &L) {
+    Results[CE] = L;
+    CallerOf[CE] = FD;
+  };
+  BodyCollector(*this, FD, Calls, DirectCalls, OnInit, OnAssign, OnResult)
       .TraverseStmt(FD->getBody());
 }
 
