@@ -110,6 +110,24 @@ private:
 };
 } // namespace
 
+/// `atomic_inc_return(&cnt) % n`: the condition advances a counter itself.
+static bool hasSideEffects(const Expr *Cond) {
+  struct Finder : RecursiveASTVisitor<Finder> {
+    bool Found = false;
+    bool VisitCallExpr(CallExpr *) { return !(Found = true); }
+    bool VisitUnaryOperator(UnaryOperator *UO) {
+      Found |= UO->isIncrementDecrementOp();
+      return !Found;
+    }
+    bool VisitBinaryOperator(BinaryOperator *BO) {
+      Found |= BO->isAssignmentOp();
+      return !Found;
+    }
+  } F;
+  F.TraverseStmt(const_cast<Expr *>(Cond));
+  return F.Found;
+}
+
 /// The condition that decides between signaling and not for \p Origin.
 static const Expr *signalCondition(const TuAnalysis &A, const FunctionDecl *Fn,
                                    const Stmt *Origin) {
@@ -145,8 +163,12 @@ void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
         const Expr *Cond = signalCondition(A, F.Fn, Alt.Origin);
         if (!Cond || !Reported.insert(Cond).second)
           continue;
+        // One advancing read (`wr_cnt++ % interval`) is a working counter;
+        // the others are limits.
         ReadCollector Reads;
         Reads.TraverseStmt(const_cast<Expr *>(Cond));
+        const Expr *Stuck = nullptr;
+        bool Advances = false;
         for (const Expr *R : Reads.Reads) {
           auto L = locationOf(R);
           if (!L)
@@ -157,13 +179,15 @@ void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
             Finder.TraverseStmt(Fn->getBody());
           }
           if (Finder.Found)
-            continue;
-          report(A, R->getBeginLoc(),
-                 "signaling depends on '" + sourceText(A.context(), R) +
+            Advances = true;
+          else if (!Stuck)
+            Stuck = R;
+        }
+        if (Stuck && !Advances && !hasSideEffects(Cond))
+          report(A, Stuck->getBeginLoc(),
+                 "signaling depends on '" + sourceText(A.context(), Stuck) +
                      "', which nothing in this file advances; the signaled "
                      "branch never runs and the send queue is never reclaimed");
-          break;
-        }
       }
     }
 }

@@ -232,9 +232,10 @@ void FunctionFlow::collectDefs() {
     }
   }
   // Local pointers assigned once from another location are aliases of it.
+  // A declaration without initializer gives no value; it does not count.
   llvm::DenseMap<const ValueDecl *, unsigned> Count;
   for (const Def &D : Defs)
-    if (D.Target.Steps.empty())
+    if (D.Target.Steps.empty() && !(D.K == Def::Unknown && isa<DeclStmt>(D.S)))
       ++Count[D.Target.Root];
   for (const Def &D : Defs) {
     // Parameters carry the caller's value besides any assignment.
@@ -287,16 +288,15 @@ llvm::SmallVector<const Def *, 4>
 FunctionFlow::reaching(const Location &L, const Stmt *At) const {
   llvm::SmallVector<const Def *, 4> Result;
   auto [Block, Index] = position(At);
-  if (!Graph || !Block)
-    return Result;
-
   // Definitions that write all of L: of L itself or of storage containing it.
   std::vector<unsigned> Relevant;
   for (unsigned I = 0; I < Defs.size(); ++I)
     if (L.isWithin(Defs[I].Target))
       Relevant.push_back(I);
-  if (Relevant.empty())
+  if (!Graph || !Block || Relevant.empty()) {
+    Result.push_back(nullptr); // the value comes from outside the function
     return Result;
+  }
 
   // Scan back inside the block first: the nearest definition wins.
   for (unsigned I = Index; I-- > 0;) {

@@ -100,8 +100,8 @@ public:
   const clang::ParentMap &parents() const { return *PM; }
   llvm::ArrayRef<Def> defs() const { return Defs; }
 
-  /// Definitions of \p L (or of storage containing it) that may reach \p At.
-  /// An empty result means the value comes from outside the function.
+  /// Definitions of \p L (or of storage containing it) that may reach \p At;
+  /// a null entry stands for the value \p L has when the function starts.
   llvm::SmallVector<const Def *, 4> reaching(const Location &L,
                                              const clang::Stmt *At) const;
   /// Follows single-assignment local pointers: `mr` after `mr = req->mr`

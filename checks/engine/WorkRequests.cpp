@@ -412,12 +412,27 @@ const WorkRequests &WorkRequests::of(const TuAnalysis &A) {
   return W;
 }
 
+static bool isRegistration(const WrSlot &S) {
+  return S.mayBe(Opcode::RegMr) || S.mayBe(Opcode::LocalInv) ||
+         S.mayBe(Opcode::BindMw);
+}
+
 std::vector<const WrSlot *> WorkRequests::perIoSlots() const {
+  // A request sends one message (the longest chain a post submits) and
+  // needs the registrations and invalidations posted anywhere for it.
+  const PostSite *Longest = nullptr;
+  for (const PostSite &P : Posts)
+    if (!Longest || P.Chain.size() > Longest->Chain.size())
+      Longest = &P;
   std::vector<const WrSlot *> Slots;
   std::set<std::string> Seen;
+  if (Longest)
+    for (const WrSlot &S : Longest->Chain)
+      if (Seen.insert(S.Key).second)
+        Slots.push_back(&S);
   for (const PostSite &P : Posts)
     for (const WrSlot &S : P.Chain)
-      if (Seen.insert(S.Key).second)
+      if (isRegistration(S) && Seen.insert(S.Key).second)
         Slots.push_back(&S);
   return Slots;
 }

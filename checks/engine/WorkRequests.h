@@ -77,8 +77,10 @@ public:
   /// ib_drain_qp / ib_drain_sq calls: each needs a free send-queue slot.
   unsigned drains() const { return Drains; }
 
-  /// Distinct work requests posted per I/O across all posts: the send-queue
-  /// entries one request may occupy before its completion is reaped.
+  /// The send-queue entries one request may occupy before its completion is
+  /// reaped: the longest chain any post submits, plus every registration or
+  /// invalidation work request posted elsewhere (REG_MR before the SEND,
+  /// LOCAL_INV from the completion path).
   std::vector<const WrSlot *> perIoSlots() const;
   /// "REG_MR, SEND, LOCAL_INV"
   static std::string describe(llvm::ArrayRef<const WrSlot *> Slots);
