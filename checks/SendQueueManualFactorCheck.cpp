@@ -9,15 +9,6 @@ using namespace clang;
 
 namespace ulplint {
 
-/// The work requests posted per I/O include registration or invalidation.
-static bool postsRegistrations(const WorkRequests &W) {
-  for (const WrSlot *S : W.perIoSlots())
-    if (S->mayBe(Opcode::RegMr) || S->mayBe(Opcode::LocalInv) ||
-        S->mayBe(Opcode::BindMw))
-      return true;
-  return false;
-}
-
 /// The depth and factor of `factor * depth`: the depth is the struct field
 /// or global, the factor the ULP's own number.
 static bool splitFactor(const Linear &V, std::string &Depth,
@@ -77,8 +68,9 @@ static std::vector<FixItHint> rdmaRwFix(const TuAnalysis &A,
 
 void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
   const WorkRequests &W = WorkRequests::of(A);
-  if (!postsRegistrations(W))
-    return;
+  // The registrations may be posted by another file of the ULP: then only
+  // ulplint, which sees the whole program, can tell.
+  bool Here = W.postsRegistrations();
   llvm::DenseSet<const FunctionDecl *> Reported;
   for (const FieldStore &S : A.stores()) {
     if (S.Role != "max_send_wr" || S.Struct->Role != "qp_init_attr" ||
@@ -95,16 +87,21 @@ void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
       continue;
     Reported.insert(S.Fn);
     bool Kernel = A.domain() == Domain::Kernel;
-    report(A, S.Spelling->getBeginLoc(),
-           "max_send_wr multiplies the queue depth '" + Depth +
-               "' by a hand-made factor '" + Factor +
-               "' for registration and invalidation work requests; " +
-               (Kernel ? "let the core size it: set cap.max_rdma_ctxs and "
-                         "register through rdma_rw_ctx_*() (rdma_rw_init_qp() "
-                         "adds the registration WRs per context)"
-                       : "create the QP with regcore_qp_create(), which adds "
-                         "the per-context registration WRs for a declared "
-                         "number of contexts"));
+    std::string Message =
+        "max_send_wr multiplies the queue depth '" + Depth +
+        "' by a hand-made factor '" + Factor +
+        "' for registration and invalidation work requests; " +
+        (Kernel ? "let the core size it: set cap.max_rdma_ctxs and "
+                  "register through rdma_rw_ctx_*() (rdma_rw_init_qp() "
+                  "adds the registration WRs per context)"
+                : "create the QP with regcore_qp_create(), which adds "
+                  "the per-context registration WRs for a declared "
+                  "number of contexts");
+    if (Here)
+      report(A, S.Spelling->getBeginLoc(), Message);
+    else if (!reportIfProgram(A, S.Spelling->getBeginLoc(), Message,
+                              {"posts-registration:" + A.ulpKey()}, {}))
+      continue;
     DiagnosticBuilder N = note(A, S.Spelling->getBeginLoc(),
                                Kernel ? "size the queue through cap.max_rdma_ctxs"
                                       : "size the queue with regcore_qp_create()");

@@ -15,27 +15,27 @@ void UnsignaledSendStarvationCheck::run(const TuAnalysis &A) {
   checkStuckCounters(A, W);
 }
 
-/// Does any post of the unit (possibly) request a completion?
-static bool anySignal(const WorkRequests &W) {
-  for (const PostSite &P : W.posts()) {
-    if (P.CoreSignals || !P.Complete)
-      return true;
-    for (const WrSlot &S : P.Chain)
-      if (S.Signal != WrSlot::Never)
-        return true;
-  }
-  return false;
-}
-
 void UnsignaledSendStarvationCheck::checkNeverSignaled(const TuAnalysis &A,
                                                        const WorkRequests &W) {
-  if (W.posts().empty() || anySignal(W))
+  if (!W.posts().empty() && W.mayRequestCompletion())
     return;
   StringRef Flag = A.rules().flagName(A.domain(), "send", "signaled");
+  std::string Ulp = A.ulpKey();
   for (const QpCreation &Q : W.creations()) {
     if (Q.CoreManaged || !Q.SignalAll || *Q.SignalAll)
       continue;
-    report(A, Q.SignalStore->Spelling->getBeginLoc(),
+    SourceLocation Loc = Q.SignalStore->Spelling->getBeginLoc();
+    if (W.posts().empty()) {
+      // The posts live in other files of the ULP.
+      reportIfProgram(A, Loc,
+                      "only work requests that ask for it are signaled on this "
+                      "QP, but no post of this ULP sets " + Flag.str() +
+                          "; completed send-queue entries are never reclaimed "
+                          "and posts fail once the queue fills",
+                      {"posts:" + Ulp}, {"signals:" + Ulp});
+      continue;
+    }
+    report(A, Loc,
            "only work requests that ask for it are signaled on this QP, but "
            "no post in this file sets " + Flag.str() +
                "; completed send-queue entries are never reclaimed and posts "

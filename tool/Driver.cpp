@@ -361,7 +361,10 @@ void settleConditions(std::vector<UnitResult> &Units) {
     Facts.insert(U.Facts.Facts.begin(), U.Facts.Facts.end());
   for (UnitResult &U : Units)
     for (const ConditionalFinding &C : U.Facts.Conditions) {
-      if (!Facts.count(C.UnlessFact))
+      bool Holds =
+          llvm::all_of(C.Require, [&](const std::string &F) { return Facts.count(F); }) &&
+          llvm::none_of(C.Unless, [&](const std::string &F) { return Facts.count(F); });
+      if (Holds)
         continue;
       llvm::erase_if(U.Findings, [&](const ClangTidyError &E) {
         return E.DiagnosticName == C.Check && E.Message.FilePath == C.File &&

@@ -18,12 +18,14 @@
 
 namespace ulplint {
 
-/// A finding kept only if no unit exports \c UnlessFact.
+/// A finding kept only if every fact in \c Require and none in \c Unless is
+/// exported by some unit of the program.
 struct ConditionalFinding {
   std::string Check;
   std::string File;
   unsigned Offset = 0;
-  std::string UnlessFact;
+  std::vector<std::string> Require;
+  std::vector<std::string> Unless;
 };
 
 struct UnitFacts {

@@ -52,7 +52,22 @@ DiagnosticBuilder RdmaCheck::reportUnless(const TuAnalysis &A,
   SourceLocation At = userLoc(A.sources(), Loc);
   if (UnitFacts *Sink = currentFacts())
     Sink->Conditions.push_back({getID().str(), A.sources().getFilename(At).str(),
-                                A.sources().getFileOffset(At), UnlessFact.str()});
+                                A.sources().getFileOffset(At), {},
+                                {UnlessFact.str()}});
+  return diag(At, Message);
+}
+
+std::optional<DiagnosticBuilder>
+RdmaCheck::reportIfProgram(const TuAnalysis &A, SourceLocation Loc,
+                           StringRef Message, std::vector<std::string> Require,
+                           std::vector<std::string> Unless) {
+  UnitFacts *Sink = currentFacts();
+  if (!Sink)
+    return std::nullopt;
+  SourceLocation At = userLoc(A.sources(), Loc);
+  Sink->Conditions.push_back({getID().str(), A.sources().getFilename(At).str(),
+                              A.sources().getFileOffset(At), std::move(Require),
+                              std::move(Unless)});
   return diag(At, Message);
 }
 

@@ -40,6 +40,13 @@ protected:
                                         clang::SourceLocation Loc,
                                         llvm::StringRef Message,
                                         llvm::StringRef UnlessFact);
+  /// A warning that only the whole program can confirm: ulplint keeps it when
+  /// other units export every fact in \p Require and none in \p Unless; the
+  /// plugin, seeing one unit, does not report it (returns nullopt).
+  std::optional<clang::DiagnosticBuilder>
+  reportIfProgram(const TuAnalysis &A, clang::SourceLocation Loc,
+                  llvm::StringRef Message, std::vector<std::string> Require,
+                  std::vector<std::string> Unless);
 
 private:
   std::string CoreFiles;

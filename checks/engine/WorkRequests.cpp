@@ -335,6 +335,7 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
     }
   }
   addExtendedPosts(A, Posts);
+  exportFacts();
 
   for (const ApiCall &C : A.calls()) {
     if (C.Model->E != Effect::QpCreate)
@@ -371,6 +372,42 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
     }
     Creations.push_back(std::move(Q));
   }
+}
+
+static bool isRegistration(const WrSlot &S) {
+  return S.mayBe(Opcode::RegMr) || S.mayBe(Opcode::LocalInv) ||
+         S.mayBe(Opcode::BindMw);
+}
+
+bool WorkRequests::postsRegistrations() const {
+  for (const PostSite &P : Posts)
+    for (const WrSlot &S : P.Chain)
+      if (isRegistration(S))
+        return true;
+  return false;
+}
+
+bool WorkRequests::mayRequestCompletion() const {
+  for (const PostSite &P : Posts) {
+    if (P.CoreSignals || !P.Complete)
+      return true;
+    for (const WrSlot &S : P.Chain)
+      if (S.Signal != WrSlot::Never)
+        return true;
+  }
+  return false;
+}
+
+/// What other files of the ULP may need to know about this one's posts.
+void WorkRequests::exportFacts() const {
+  if (Posts.empty())
+    return;
+  std::string Ulp = A.ulpKey();
+  A.exportFact("posts:" + Ulp);
+  if (postsRegistrations())
+    A.exportFact("posts-registration:" + Ulp);
+  if (mayRequestCompletion())
+    A.exportFact("signals:" + Ulp);
 }
 
 std::optional<Linear> capValue(const TuAnalysis &A, const QpCreation &Q,
@@ -412,10 +449,6 @@ const WorkRequests &WorkRequests::of(const TuAnalysis &A) {
   return W;
 }
 
-static bool isRegistration(const WrSlot &S) {
-  return S.mayBe(Opcode::RegMr) || S.mayBe(Opcode::LocalInv) ||
-         S.mayBe(Opcode::BindMw);
-}
 
 std::vector<const WrSlot *> WorkRequests::perIoSlots() const {
   // A request sends one message (the longest chain a post submits) and

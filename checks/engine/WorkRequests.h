@@ -82,10 +82,16 @@ public:
   /// invalidation work request posted elsewhere (REG_MR before the SEND,
   /// LOCAL_INV from the completion path).
   std::vector<const WrSlot *> perIoSlots() const;
+  /// Some post submits REG_MR, LOCAL_INV or BIND_MW.
+  bool postsRegistrations() const;
+  /// Some post may ask for a completion (or could not be followed).
+  bool mayRequestCompletion() const;
   /// "REG_MR, SEND, LOCAL_INV"
   static std::string describe(llvm::ArrayRef<const WrSlot *> Slots);
 
 private:
+  void exportFacts() const;
+
   const TuAnalysis &A;
   std::vector<PostSite> Posts;
   std::vector<QpCreation> Creations;
