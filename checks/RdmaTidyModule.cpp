@@ -7,7 +7,12 @@
 
 #include "AccessFlagsInvalidCheck.h"
 #include "AccessFlagsTransportCheck.h"
+#include "InvalidationLeakCheck.h"
+#include "MrLeakCheck.h"
 #include "QueueCapUncheckedCheck.h"
+#include "RemoteInvalidateUncheckedCheck.h"
+#include "RkeyReuseCheck.h"
+#include "UnmapBeforeInvalidateCheck.h"
 #include "RemoteAccessOverbroadCheck.h"
 #include "SendQueueManualFactorCheck.h"
 #include "SendQueueUndersizedCheck.h"
@@ -27,6 +32,12 @@ public:
     F.registerCheck<UnsignaledSendStarvationCheck>(
         "rdma-unsignaled-send-starvation");
     F.registerCheck<QueueCapUncheckedCheck>("rdma-queue-cap-unchecked");
+    F.registerCheck<InvalidationLeakCheck>("rdma-invalidation-leak");
+    F.registerCheck<RemoteInvalidateUncheckedCheck>(
+        "rdma-remote-invalidate-unchecked");
+    F.registerCheck<RkeyReuseCheck>("rdma-rkey-reuse");
+    F.registerCheck<UnmapBeforeInvalidateCheck>("rdma-unmap-before-invalidate");
+    F.registerCheck<MrLeakCheck>("rdma-mr-leak");
   }
 };
 

@@ -51,37 +51,45 @@ std::string Location::str() const {
   return S + Fields;
 }
 
-static bool isPointerLike(QualType T) {
-  return T->isPointerType() || T->isArrayType() || T->isReferenceType();
-}
-
 std::string Location::typeKey() const {
   if (!Root)
     return {};
   // The storage lives in the object reached by the last pointer hop:
-  // `req->conn->msg.mr` is the `msg.mr` of some struct ulp_conn.
-  size_t Start = Steps.size();
-  for (size_t I = 0; I + 1 < Steps.size(); ++I)
-    if (Steps[I].Field && Steps[I + 1].Field &&
-        isPointerLike(Steps[I].Field->getType()) &&
-        !Steps[I].Field->getType()->isArrayType())
-      Start = I + 1;
-  if (Start == Steps.size()) {
-    // No hop: the root must itself be shared (a pointer or a global).
+  // `req->conn->msg.mr` is the `msg.mr` of some struct ulp_conn, and
+  // `reqs[i].mr` (reqs a pointer) the `mr` of some request.
+  QualType T = Root->getType();
+  bool ThroughPointer = T->isPointerType() || T->isReferenceType() ||
+                        isa<ParmVarDecl>(Root);
+  std::optional<size_t> Start;
+  for (size_t I = 0; I < Steps.size(); ++I) {
+    T = T.getCanonicalType();
+    if (Steps[I].Field) {
+      if (ThroughPointer)
+        Start = I;
+      T = Steps[I].Field->getType();
+      ThroughPointer = T->isPointerType();
+      continue;
+    }
+    // Indexing a pointer dereferences it; indexing an embedded array does not.
+    bool Pointer = T->isPointerType();
+    if (const auto *PT = T->getAs<PointerType>())
+      T = PT->getPointeeType();
+    else if (const auto *AT = T->getAsArrayTypeUnsafe())
+      T = AT->getElementType();
+    ThroughPointer = Pointer || (I == 0 && isa<ParmVarDecl>(Root));
+  }
+  if (!Start) {
     const auto *VD = dyn_cast<VarDecl>(Root);
     if (VD && VD->hasGlobalStorage())
       return "::" + Root->getName().str() +
              (Steps.empty() ? "" : "." + fieldPath());
-    if (!VD || !isPointerLike(VD->getType()) || Steps.empty() ||
-        !Steps.front().Field)
-      return {};
-    Start = 0;
+    return {};
   }
-  const RecordDecl *RD = Steps[Start].Field->getParent();
+  const RecordDecl *RD = Steps[*Start].Field->getParent();
   std::string Name = RD->getName().str();
   if (Name.empty())
     return {};
-  return Name + "." + fieldPath(Start);
+  return Name + "." + fieldPath(*Start);
 }
 
 const Expr *stripExpr(const Expr *E) {

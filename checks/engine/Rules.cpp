@@ -163,6 +163,8 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::DmaMap, "dma.map"},
     {Effect::DmaUnmap, "dma.unmap"},
     {Effect::BufferFree, "buffer.free"},
+    {Effect::ContainerRecycle, "container.recycle"},
+    {Effect::WaitCompletion, "wait.completion"},
     {Effect::RwInit, "rw.init"},
     {Effect::RwWrs, "rw.wrs"},
     {Effect::RwPost, "rw.post"},

@@ -56,6 +56,8 @@ enum class Effect {
   DmaMap,
   DmaUnmap,
   BufferFree,
+  ContainerRecycle, // list_add(&req->node, &free_list)
+  WaitCompletion,
   RwInit,
   RwWrs,
   RwPost,

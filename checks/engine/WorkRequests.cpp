@@ -11,6 +11,21 @@ using namespace clang;
 
 namespace ulplint {
 
+std::vector<const FieldStore *> slotStores(const TuAnalysis &A, const WrSlot &S,
+                                           StringRef Role) {
+  std::vector<const FieldStore *> Found;
+  for (const FieldStore &FS : A.stores()) {
+    if (FS.Role != Role || FS.Struct->Role != "send_wr")
+      continue;
+    for (const auto &[L, F] : S.Names)
+      if (A.sameStorage(FS.Object, FS.Fn, L, F)) {
+        Found.push_back(&FS);
+        break;
+      }
+  }
+  return Found;
+}
+
 namespace {
 
 using Name = std::pair<Location, const FunctionDecl *>;
@@ -121,19 +136,8 @@ public:
     S.Signal = signalOf(S);
   }
 
-  /// Stores with \p Role into the object any of the slot's names denotes.
   std::vector<const FieldStore *> stores(const WrSlot &S, StringRef Role) {
-    std::vector<const FieldStore *> Found;
-    for (const FieldStore &FS : A.stores()) {
-      if (FS.Role != Role || FS.Struct->Role != "send_wr")
-        continue;
-      for (const auto &[L, F] : S.Names)
-        if (A.sameStorage(FS.Object, FS.Fn, L, F)) {
-          Found.push_back(&FS);
-          break;
-        }
-    }
-    return Found;
+    return slotStores(A, S, Role);
   }
 
   /// Signaling seen from the post: the value send_flags has when the post

@@ -61,6 +61,10 @@ struct QpCreation {
   bool CoreManaged = false; // regcore_qp_create
 };
 
+/// Stores with \p Role into the work request \p S names (any of its names).
+std::vector<const FieldStore *> slotStores(const TuAnalysis &A, const WrSlot &S,
+                                           llvm::StringRef Role);
+
 /// The value a QP creation requests for \p Role (max_send_wr, ...): the value
 /// at the creation when the creating function sets it, else the value after
 /// the last store elsewhere.

@@ -24,3 +24,10 @@ int ulp_register_quiet(struct ulp_ctx *c)
   c->mr = ibv_reg_mr(c->pd, c->buf, c->len, IBV_ACCESS_REMOTE_ATOMIC);
   return c->mr ? 0 : -1;
 }
+
+void ulp_unregister(struct ulp_ctx *c)
+{
+  if (c->mr)
+    ibv_dereg_mr(c->mr);
+  c->mr = 0;
+}

@@ -1,0 +1,73 @@
+//===- InvalidationLeakCheck.cpp - rdma-invalidation-leak -----------------===//
+
+#include "InvalidationLeakCheck.h"
+#include "engine/Lifecycle.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+static std::string releaseText(const LifeEvent &E) {
+  switch (E.K) {
+  case LifeEventKind::BufferRelease:
+    return "'" + E.What + "' releases the memory behind";
+  case LifeEventKind::ContainerRelease:
+    return "'" + E.What + "' recycles the request that holds";
+  default:
+    return "'" + E.What + "' releases";
+  }
+}
+
+void InvalidationLeakCheck::run(const TuAnalysis &A) {
+  const Lifecycle &L = Lifecycle::of(A);
+  std::set<const LifeEvent *> Reported;
+  for (const LifeIncident &I : L.incidents()) {
+    if (I.K != LifeIncident::ReleaseWhileExposed &&
+        I.K != LifeIncident::ReleaseSkipsInvalidation)
+      continue;
+    if (!Reported.insert(I.At).second)
+      continue;
+    std::string Msg =
+        I.K == LifeIncident::ReleaseWhileExposed
+            ? releaseText(*I.At) + " a memory region whose rkey is still valid "
+                                   "for the peer: no LOCAL_INV or checked remote "
+                                   "invalidation on this path"
+            : releaseText(*I.At) + " a memory region without invalidating its "
+                                   "rkey on some paths, while other paths of this "
+                                   "function invalidate it first";
+    report(A, I.At->Loc, Msg + "; the peer keeps access to memory that is "
+                               "handed back");
+    if (I.Exposed)
+      note(A, I.Exposed->Loc,
+           "rkey handed to the peer here (" + I.Exposed->What + ")");
+    if (I.ErrorBranch)
+      note(A, I.ErrorBranch->getBeginLoc(), "error path taken here");
+  }
+  // A slot released without invalidation anywhere: pooled MRs keep their
+  // key until someone invalidates it.
+  std::set<std::string> Done;
+  for (const LifeEvent &E : L.events()) {
+    if ((E.K != LifeEventKind::Release && E.K != LifeEventKind::ContainerRelease) ||
+        E.Via || Reported.count(&E) || StringRef(E.Slot).contains("::") ||
+        !Done.insert(E.Slot).second)
+      continue;
+    if (L.has(E.Slot, LifeEventKind::InvalidatePost) ||
+        L.has(E.Slot, LifeEventKind::InvalidateRemote))
+      continue;
+    std::string Msg = releaseText(E) +
+                      " a memory region registered for remote access, and "
+                      "nothing invalidates its rkey (no LOCAL_INV, no checked "
+                      "remote invalidation); the peer keeps access to memory "
+                      "that is handed back";
+    std::string Invalidates = Lifecycle::fact("invalidates", E.Slot);
+    if (const LifeEvent *Exposed = L.first(E.Slot, LifeEventKind::Expose)) {
+      reportUnless(A, E.Loc, Msg, Invalidates);
+      note(A, Exposed->Loc, "rkey handed to the peer here (" + Exposed->What + ")");
+    } else {
+      reportIfProgram(A, E.Loc, Msg, {Lifecycle::fact("exposes", E.Slot)},
+                      {Invalidates});
+    }
+  }
+}
+
+} // namespace ulplint

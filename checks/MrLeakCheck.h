@@ -1,0 +1,22 @@
+//===- MrLeakCheck.h - rdma-mr-leak ---*- C++ -*-===//
+
+#ifndef ULPLINT_CHECKS_MRLEAKCHECK_H
+#define ULPLINT_CHECKS_MRLEAKCHECK_H
+
+#include "engine/RdmaCheck.h"
+
+namespace ulplint {
+
+/// MRs and windows not released on some path, or overwritten while held. Docs: docs/checks/rdma-mr-leak.md
+class MrLeakCheck : public RdmaCheck {
+public:
+  using RdmaCheck::RdmaCheck;
+
+protected:
+  void run(const TuAnalysis &A) override;
+
+};
+
+} // namespace ulplint
+
+#endif

@@ -1,0 +1,113 @@
+//===- RkeyReuseCheck.cpp - rdma-rkey-reuse -------------------------------===//
+
+#include "RkeyReuseCheck.h"
+#include "engine/Lifecycle.h"
+#include "engine/WorkRequests.h"
+#include "clang/AST/ASTContext.h"
+#include "clang/Lex/Lexer.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+/// Is \p E (through locals) the result of ibv_inc_rkey()/ib_inc_rkey()?
+static bool isIncrementedKey(const TuAnalysis &A, const FunctionDecl *Fn,
+                             const Expr *E, unsigned Depth = 0) {
+  E = stripExpr(E);
+  if (!E || Depth > 4)
+    return false;
+  if (const auto *CE = dyn_cast<CallExpr>(E)) {
+    const FunctionModel *M = A.modelOf(CE);
+    return M && M->E == Effect::RkeyIncrement;
+  }
+  if (auto L = locationOf(E))
+    for (const Def *D : A.flow(Fn).reaching(A.flow(Fn).resolve(*L), E))
+      if (!D || D->K != Def::Assign || !isIncrementedKey(A, Fn, D->Value, Depth + 1))
+        return false;
+  return locationOf(E).has_value();
+}
+
+/// `ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey));` before \p At.
+static std::optional<FixItHint> rotationFix(const TuAnalysis &A, const Stmt *At,
+                                            const Expr *Mr) {
+  const ASTContext &Ctx = A.context();
+  const SourceManager &SM = Ctx.getSourceManager();
+  std::string Handle = sourceText(Ctx, Mr);
+  SourceLocation Begin = At->getBeginLoc();
+  if (Handle.empty() || Begin.isMacroID())
+    return std::nullopt;
+  StringRef Indent = Lexer::getIndentationForLine(Begin, SM);
+  return FixItHint::CreateInsertion(
+      Begin, "ib_update_fast_reg_key(" + Handle + ", ib_inc_rkey(" + Handle +
+                 "->rkey));\n" + Indent.str());
+}
+
+void RkeyReuseCheck::run(const TuAnalysis &A) {
+  const Lifecycle &L = Lifecycle::of(A);
+  std::set<std::string> Done;
+  // Fast registrations of an MR that is used again and again.
+  for (const FieldStore &S : A.stores()) {
+    if (S.Role != "reg_mr" || !S.Value || !isHandleType(A, stripExpr(S.Value)->getType()))
+      continue;
+    auto Loc = locationOf(S.Value);
+    if (!Loc)
+      continue;
+    std::string Slot = slotOf(A, *Loc, S.Fn);
+    if (L.has(Slot, LifeEventKind::Rotate) || !Done.insert(Slot).second)
+      continue;
+    const LifeEvent *Produced = L.first(Slot, LifeEventKind::Produce);
+    if (Produced && !Produced->Reusable)
+      continue; // a fresh registration each time
+    // Registered again only if the MR comes back: from a pool, or after an
+    // invalidation. An MR registered once for its lifetime keeps its key.
+    bool Reused = (Produced && Produced->By == Effect::MrPoolGet) ||
+                  L.has(Slot, LifeEventKind::InvalidatePost) ||
+                  L.has(Slot, LifeEventKind::InvalidateRemote) ||
+                  L.has(Slot, LifeEventKind::Release);
+    if (!Reused)
+      continue;
+    {
+      DiagnosticBuilder D = reportUnless(
+          A, S.At->getBeginLoc(),
+          "IB_WR_REG_MR re-registers an MR without rotating its key "
+          "(ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey))); a peer "
+          "that kept the old rkey reaches the new buffer",
+          Lifecycle::fact("rotates", Slot));
+      if (auto Fix = rotationFix(A, S.At, S.Value))
+        D << *Fix;
+    }
+    if (Produced)
+      note(A, Produced->Loc, "MR taken from '" + Produced->What + "' here");
+  }
+  // Type-2 windows: the bind names the new rkey.
+  auto CheckBindKey = [&](const FunctionDecl *Fn, const Expr *Key,
+                          const Expr *Mw) {
+    if (!Key || isIncrementedKey(A, Fn, Key))
+      return;
+    DiagnosticBuilder D = report(
+        A, Key->getBeginLoc(),
+        "memory window re-bound without a new key; pass ibv_inc_rkey(" +
+            sourceText(A.context(), Mw) +
+            "->rkey) so a peer holding the old rkey loses access");
+    std::string MwText = sourceText(A.context(), Mw);
+    CharSourceRange Range = userRange(A.context(), Key);
+    if (!MwText.empty() && Range.isValid())
+      D << FixItHint::CreateReplacement(Range, "ibv_inc_rkey(" + MwText + "->rkey)");
+  };
+  for (const ApiCall &C : A.calls())
+    if (C.Model->E == Effect::WrxOp && C.Model->Op == Opcode::BindMw)
+      CheckBindKey(C.Caller, C.arg("rkey"), C.arg("mw"));
+  for (const FieldStore &S : A.stores()) {
+    if (S.Role != "bind_rkey" || !S.Value)
+      continue;
+    const FieldStore *Mw = nullptr;
+    for (const FieldStore &O : A.stores())
+      if (O.Role == "bind_mw" && O.Fn == S.Fn &&
+          A.sameStorage(O.Object, O.Fn, S.Object, S.Fn))
+        Mw = &O;
+    if (Mw && Mw->Value)
+      CheckBindKey(S.Fn, S.Value, Mw->Value);
+  }
+}
+
+} // namespace ulplint

@@ -1,0 +1,137 @@
+//===- Lifecycle.h - Typestate of registration handles ----------*- C++ -*-===//
+//
+// The life of a memory region or window as the code drives it:
+//
+//   produced -> exposed (REG_MR/BIND_MW posted with remote rights, or a
+//   remote-capable registration) -> invalidation posted (LOCAL_INV) ->
+//   invalidated (or a remote invalidation accepted) -> released (pool put,
+//   deregistration, DMA unmap, the request freed or recycled)
+//
+// Handles are identified by storage: `req->mr` in the submit path and in the
+// completion path of the same request type is one handle ("slot"). Events
+// are extracted once per function; a path-sensitive solver over Clang's CFG
+// then walks each function per slot, with the effects of helpers of the
+// same unit applied at their call sites (function summaries), and records
+// incidents the lifecycle checks report. Slot-level facts (exposed,
+// invalidated, released, key rotated) are exported so ulplint can decide
+// questions that span files.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ULPLINT_ENGINE_LIFECYCLE_H
+#define ULPLINT_ENGINE_LIFECYCLE_H
+
+#include "Analysis.h"
+#include <map>
+#include <set>
+
+namespace ulplint {
+
+enum class LifeEventKind {
+  Produce,          // a handle is stored here (registration, allocation, pool get)
+  Expose,           // the key becomes valid for a peer
+  Rotate,           // the key is rotated (ib_update_fast_reg_key)
+  InvalidatePost,   // LOCAL_INV of the handle's key is posted
+  InvalidateRemote, // a remote invalidation of the key is accepted
+  Deregister,       // dereg / dealloc: key dead, handle gone
+  Release,          // pool put: handle gone, key still valid
+  BufferRelease,    // the memory behind the handle is unmapped or freed
+  ContainerRelease, // the struct holding the handle is freed or recycled
+  Clear,            // the handle is set to NULL
+  Overwrite,        // the handle is overwritten
+  Escape,           // the handle goes to code the analysis cannot see
+  Wait,             // the function waits for a completion
+};
+
+struct LifeEvent {
+  LifeEventKind K = LifeEventKind::Escape;
+  std::string Slot;                    // empty for Wait
+  const clang::Stmt *S = nullptr;      // CFG element it happens at
+  const clang::FunctionDecl *Fn = nullptr;
+  clang::SourceLocation Loc;
+  bool Signaled = true;    // InvalidatePost: the LOCAL_INV asks for a completion
+  bool Checked = true;     // InvalidateRemote: the invalidated rkey is compared
+  bool Reusable = false;   // Produce: pool get / fast-registration MR
+  Effect By = Effect::None; // Produce: the call's effect (mr.pool_get, ...)
+  bool Window = false;     // the handle is a memory window
+  std::string What;        // API in messages: "ib_mr_pool_put", "kfree"
+  const clang::Stmt *Via = nullptr; // a helper call the event comes from
+};
+
+/// Something the solver found on a path.
+struct LifeIncident {
+  enum Kind {
+    ReleaseWhileExposed,   // released with the key still valid for the peer
+    ReleaseSkipsInvalidation, // other paths of the function invalidate first
+    ReleaseBeforeInvalidated, // right after an unawaited LOCAL_INV
+    LeakAtReturn,          // a produced handle still held when the function returns
+    LeakOverwrite,         // a held handle overwritten or its holder freed
+  };
+  Kind K;
+  std::string Slot;
+  const clang::FunctionDecl *Fn = nullptr;
+  const LifeEvent *At = nullptr;           // the release / overwrite event
+  const clang::Stmt *Exit = nullptr;       // LeakAtReturn: the return
+  const LifeEvent *Produced = nullptr;
+  const LifeEvent *Exposed = nullptr;
+  const LifeEvent *Invalidation = nullptr;
+  const clang::Stmt *ErrorBranch = nullptr; // the early-exit branch taken
+  bool Local = false;                       // the handle is a local variable
+};
+
+class Lifecycle {
+public:
+  static const Lifecycle &of(const TuAnalysis &A);
+  explicit Lifecycle(const TuAnalysis &A);
+
+  llvm::ArrayRef<LifeEvent> events() const { return Events; }
+  llvm::ArrayRef<LifeIncident> incidents() const { return Incidents; }
+  /// Does some event of \p K happen to \p Slot anywhere in this unit?
+  bool has(llvm::StringRef Slot, LifeEventKind K) const;
+  /// The first event of \p K for \p Slot, if any.
+  const LifeEvent *first(llvm::StringRef Slot, LifeEventKind K) const;
+  /// Slots this unit knows about.
+  std::set<std::string> slots() const;
+  /// "exposes:<slot>" etc., the facts ulplint shares between units.
+  static std::string fact(llvm::StringRef Verb, llvm::StringRef Slot);
+
+private:
+  void extract(const clang::FunctionDecl *Fn);
+  void solve(const clang::FunctionDecl *Fn, const std::string &Slot);
+  void exportFacts() const;
+
+  const TuAnalysis &A;
+  std::vector<LifeEvent> Events;
+  std::vector<LifeIncident> Incidents;
+  /// Events by the statement they happen at, per function.
+  std::map<const clang::Stmt *, std::vector<size_t>> AtStmt;
+public:
+  /// A branch that accepts a remote invalidation.
+  struct RemoteInvalidation {
+    const clang::IfStmt *If = nullptr;
+    bool AcceptThen = true;             // the accepting branch
+    std::vector<std::string> Slots;     // slots whose key it compares
+    bool Checked = false;               // it compares the invalidated rkey
+    const clang::FunctionDecl *Fn = nullptr;
+  };
+  llvm::ArrayRef<RemoteInvalidation> remoteInvalidations() const {
+    return RemoteInvs;
+  }
+
+private:
+  std::vector<RemoteInvalidation> RemoteInvs;
+  friend class LifecycleBuilder;
+  friend class SlotSolver;
+};
+
+/// The handle slot a location names inside \p Fn: the struct field it lives
+/// in (shared by every function of the unit), or a function-local key.
+std::string slotOf(const TuAnalysis &A, const Location &L,
+                   const clang::FunctionDecl *Fn);
+
+/// Is \p T a pointer to a memory region or window struct of the models?
+bool isHandleType(const TuAnalysis &A, clang::QualType T, bool *Window = nullptr);
+
+} // namespace ulplint
+
+#endif
