@@ -47,19 +47,28 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
   // key until someone invalidates it.
   std::set<std::string> Done;
   for (const LifeEvent &E : L.events()) {
-    if ((E.K != LifeEventKind::Release && E.K != LifeEventKind::ContainerRelease) ||
+    bool Buffer = E.K == LifeEventKind::BufferRelease;
+    if ((E.K != LifeEventKind::Release && E.K != LifeEventKind::ContainerRelease &&
+         !Buffer) ||
         E.Via || Reported.count(&E) || StringRef(E.Slot).contains("::") ||
-        !Done.insert(E.Slot).second)
+        !L.releasesHeld(&E) || !Done.insert(E.Slot).second)
       continue;
     if (L.has(E.Slot, LifeEventKind::InvalidatePost) ||
         L.has(E.Slot, LifeEventKind::InvalidateRemote))
       continue;
+    // Freeing the memory of an MR that is deregistered somewhere is a
+    // question of order the paths answer; never deregistering is not.
+    if (Buffer && L.has(E.Slot, LifeEventKind::Deregister))
+      continue;
     std::string Msg = releaseText(E) +
                       " a memory region registered for remote access, and "
                       "nothing invalidates its rkey (no LOCAL_INV, no checked "
-                      "remote invalidation); the peer keeps access to memory "
-                      "that is handed back";
-    std::string Invalidates = Lifecycle::fact("invalidates", E.Slot);
+                      "remote invalidation" +
+                      (Buffer ? std::string(", no deregistration") : "") +
+                      "); the peer keeps access to memory that is handed back";
+    // Another file may invalidate (or, for freed memory, deregister) it.
+    std::string Invalidates = Lifecycle::fact(Buffer ? "deregisters" : "invalidates",
+                                              E.Slot);
     if (const LifeEvent *Exposed = L.first(E.Slot, LifeEventKind::Expose)) {
       reportUnless(A, E.Loc, Msg, Invalidates);
       note(A, Exposed->Loc, "rkey handed to the peer here (" + Exposed->What + ")");

@@ -117,12 +117,31 @@ public:
     findKeyHolders();
   }
 
+  /// First pass: the memory behind each handle (ibv_reg_mr's addr, the sg
+  /// list of ib_map_mr_sg), so that any unmap or free is recognised.
+  void findBuffers(const FunctionDecl *Fn) {
+    for (const ApiCall &C : A.calls()) {
+      if (C.Caller != Fn)
+        continue;
+      if (C.Model->E == Effect::MrRegister) {
+        if (auto Result = A.resultOf(C.Call))
+          if (const Expr *Buf = C.arg("addr"))
+            bufferOf(Fn, Buf, slotOf(A, *Result, Fn));
+      } else if (C.Model->E == Effect::MrMap) {
+        if (auto Slot = handleSlot(Fn, C.arg("mr")))
+          if (const Expr *Sg = C.arg("sg"))
+            bufferOf(Fn, Sg, *Slot);
+      }
+    }
+  }
+
   void extract(const FunctionDecl *Fn) {
     const CFG *G = A.flow(Fn).cfg();
     if (!G)
       return;
     findRemoteInvalidation(Fn);
-    for (const CFGBlock *B : *G)
+    // Entry first: events of a block come in source order.
+    for (const CFGBlock *B : llvm::reverse(*G))
       for (const CFGElement &El : *B)
         if (auto CS = El.getAs<CFGStmt>())
           visit(Fn, CS->getStmt());
@@ -247,8 +266,6 @@ private:
       E.By = C.Model->E;
       E.Window = C.Model->E == Effect::MwAlloc;
       add(E);
-      if (const Expr *Buf = C.arg("addr"))
-        bufferOf(Fn, Buf, Slot);
       if (C.Model->E == Effect::MrRegister && remote(Fn, C))
         add(event(LifeEventKind::Expose, Slot, Fn, CE, Loc, Name));
       break;
@@ -262,11 +279,6 @@ private:
       break;
     case Effect::RkeyRotate:
       On(LifeEventKind::Rotate, "mr");
-      break;
-    case Effect::MrMap:
-      if (auto Slot = handleSlot(Fn, C.arg("mr")))
-        if (const Expr *Sg = C.arg("sg"))
-          bufferOf(Fn, Sg, *Slot);
       break;
     case Effect::MwBind:
       On(LifeEventKind::Expose, "mw");
@@ -810,6 +822,8 @@ private:
 
   void release(const LifeEvent &E, PathState &S) {
     ReleaseSeen &Seen = Releases[&E];
+    if (S.L != Life::None && S.L != Life::Released && S.L != Life::Escaped)
+      LC.Holding.insert(&E);
     switch (S.L) {
     case Life::Exposed:
       incident(LifeIncident::ReleaseWhileExposed, &E, S);
@@ -1065,6 +1079,8 @@ private:
 Lifecycle::Lifecycle(const TuAnalysis &A) : A(A) {
   LifecycleBuilder B(*this);
   for (const FunctionDecl *Fn : A.functions())
+    B.findBuffers(Fn);
+  for (const FunctionDecl *Fn : A.functions())
     B.extract(Fn);
   B.applySummaries();
   // Solve each function for the slots it touches.
@@ -1111,11 +1127,13 @@ void Lifecycle::exportFacts() const {
       break;
     case LifeEventKind::InvalidatePost:
     case LifeEventKind::InvalidateRemote:
-    case LifeEventKind::Deregister:
       A.exportFact(fact("invalidates", E.Slot));
       break;
+    case LifeEventKind::Deregister:
+      A.exportFact(fact("deregisters", E.Slot));
+      A.exportFact(fact("releases", E.Slot));
+      break;
     case LifeEventKind::Release:
-    case LifeEventKind::BufferRelease:
     case LifeEventKind::ContainerRelease:
     case LifeEventKind::Escape:
       A.exportFact(fact("releases", E.Slot));
@@ -1128,9 +1146,8 @@ void Lifecycle::exportFacts() const {
     }
   }
   for (const RemoteInvalidation &R : RemoteInvs)
-    if (R.Checked)
-      for (const std::string &Slot : R.Slots)
-        A.exportFact(fact("invalidates", Slot));
+    for (const std::string &Slot : R.Slots)
+      A.exportFact(fact("invalidates", Slot));
 }
 
 } // namespace ulplint

@@ -90,6 +90,11 @@ public:
   bool has(llvm::StringRef Slot, LifeEventKind K) const;
   /// The first event of \p K for \p Slot, if any.
   const LifeEvent *first(llvm::StringRef Slot, LifeEventKind K) const;
+  /// Did some path reach \p Release while the handle was held (not NULL,
+  /// not already released)?
+  bool releasesHeld(const LifeEvent *Release) const {
+    return Holding.count(Release) != 0;
+  }
   /// Slots this unit knows about.
   std::set<std::string> slots() const;
   /// "exposes:<slot>" etc., the facts ulplint shares between units.
@@ -120,6 +125,7 @@ public:
 
 private:
   std::vector<RemoteInvalidation> RemoteInvs;
+  std::set<const LifeEvent *> Holding;
   friend class LifecycleBuilder;
   friend class SlotSolver;
 };

@@ -73,5 +73,6 @@ int blk_complete(struct blk_conn *conn, struct ibv_wc *wc,
 
 int blk_target_setup(struct blk_target_io *io, struct blk_conn *conn);
 int blk_target_execute(struct blk_target_io *io, const struct blk_cmd *cmd);
+void blk_target_teardown(struct blk_target_io *io);
 
 #endif

@@ -33,6 +33,12 @@ int blk_target_setup(struct blk_target_io *io, struct blk_conn *conn)
 	return 0;
 }
 
+void blk_target_teardown(struct blk_target_io *io)
+{
+	ibv_dereg_mr(io->bounce_mr);
+	free(io->bounce);
+}
+
 static void blk_prep_response(struct blk_target_io *io, const struct blk_cmd *cmd,
 			      int status)
 {
