@@ -21,7 +21,7 @@ void MrLeakCheck::run(const TuAnalysis &A) {
       report(A, Loc,
              std::string(I.ErrorBranch ? "error path returns" : "returns") +
                  " without releasing the " + What + From +
-                 (I.Local ? "" : " stored in its request") + "; it leaks");
+                 (I.Local ? "" : " (held in " + I.Slot + ")") + "; it leaks");
       if (I.Produced)
         note(A, I.Produced->Loc, What + " obtained here");
       if (I.ErrorBranch)

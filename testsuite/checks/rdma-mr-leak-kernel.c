@@ -1,0 +1,93 @@
+// RUN: %check_ulplint --kernel %s rdma-mr-leak %t
+// RUN: %check_ulplint --kernel --mode=plugin %s rdma-mr-leak %t.plugin
+
+// Kernel MR handling with error unwinding.
+
+#include <rdma/mr_pool.h>
+#include <linux/slab.h>
+
+#define WARN_ON_ONCE_DEMO(condition) ({ int __ret_warn_on = !!(condition); \
+	if (unlikely(__ret_warn_on)) demo_warn(); unlikely(__ret_warn_on); })
+void demo_warn(void);
+
+struct demo_queue {
+	struct ib_qp *qp;
+	struct ib_pd *pd;
+};
+
+struct demo_req {
+	struct ib_mr *mr;
+	struct scatterlist *sgl;
+	int nents;
+};
+
+struct demo_dev {
+	struct ib_mr *scratch_mr;
+	struct ib_mr *sig_mr;
+};
+
+/* The map error path forgets to put the MR back. */
+static int demo_map_sg(struct demo_queue *q, struct demo_req *req)
+{
+	int nr;
+
+	req->mr = ib_mr_pool_get(q->qp, &q->qp->rdma_mrs);
+	if (WARN_ON_ONCE_DEMO(!req->mr))
+		return -EAGAIN;
+	nr = ib_map_mr_sg(req->mr, req->sgl, req->nents, NULL, SZ_4K);
+	if (unlikely(nr < req->nents))
+		return -EINVAL;
+	// CHECK-MESSAGES: :[[@LINE-1]]:3: warning: error path returns without releasing the memory region from 'ib_mr_pool_get' (held in demo_req.mr); it leaks [rdma-mr-leak]
+	// CHECK-MESSAGES: :[[@LINE-7]]:12: note: memory region obtained here
+	// CHECK-MESSAGES: :[[@LINE-4]]:2: note: error path taken here
+	return 0;
+}
+
+static void demo_unmap(struct demo_queue *q, struct demo_req *req)
+{
+	ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, req->mr);
+	req->mr = NULL;
+}
+
+/* Goto unwinding that skips one label. */
+static int demo_dev_init(struct demo_dev *dev, struct ib_pd *pd)
+{
+	int ret;
+
+	dev->scratch_mr = ib_alloc_mr(pd, IB_MR_TYPE_MEM_REG, 16);
+	if (!dev->scratch_mr)
+		return -ENOMEM;
+	dev->sig_mr = ib_alloc_mr(pd, IB_MR_TYPE_INTEGRITY, 16);
+	if (!dev->sig_mr) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	return 0;
+out:
+	return ret;
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: error path returns without releasing the memory region from 'ib_alloc_mr' (held in demo_dev.scratch_mr); it leaks
+	// CHECK-MESSAGES: :[[@LINE-12]]:20: note: memory region obtained here
+}
+
+static void demo_dev_exit(struct demo_dev *dev)
+{
+	ib_dereg_mr(dev->sig_mr);
+	ib_dereg_mr(dev->scratch_mr);
+}
+
+/* Near miss: nvme-rdma puts the MR back on its error path. */
+static int ok_map_sg(struct demo_queue *q, struct demo_req *req)
+{
+	int nr;
+
+	req->mr = ib_mr_pool_get(q->qp, &q->qp->rdma_mrs);
+	if (WARN_ON_ONCE_DEMO(!req->mr))
+		return -EAGAIN;
+	nr = ib_map_mr_sg(req->mr, req->sgl, req->nents, NULL, SZ_4K);
+	if (unlikely(nr < req->nents)) {
+		ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, req->mr);
+		req->mr = NULL;
+		return -EINVAL;
+	}
+	return 0;
+}

@@ -1,0 +1,77 @@
+// RUN: %check_ulplint --kernel %s rdma-unmap-before-invalidate %t
+// RUN: %check_ulplint --kernel --mode=plugin %s rdma-unmap-before-invalidate %t.plugin
+
+// Releasing memory right after posting its LOCAL_INV.
+
+#include <rdma/mr_pool.h>
+#include <linux/slab.h>
+
+struct demo_completion { int done; };
+void wait_for_completion(struct demo_completion *c);
+
+struct demo_queue {
+	struct ib_qp *qp;
+	struct ib_device *dev;
+};
+
+struct demo_mr {
+	struct ib_mr *mr;
+	struct ib_send_wr inv_wr;
+	struct ib_cqe inv_cqe;
+	struct scatterlist *sgl;
+	int nents;
+	struct demo_completion inv_done;
+};
+
+/* Unsignaled LOCAL_INV, then the pages are unmapped at once. */
+static void demo_unmap_fast(struct demo_queue *q, struct demo_mr *m)
+{
+	if (ib_map_mr_sg(m->mr, m->sgl, m->nents, NULL, SZ_4K) < 0)
+		return;
+	m->inv_wr.opcode = IB_WR_LOCAL_INV;
+	m->inv_wr.send_flags = 0;
+	m->inv_wr.ex.invalidate_rkey = m->mr->rkey;
+	m->inv_wr.next = NULL;
+	if (ib_post_send(q->qp, &m->inv_wr, NULL))
+		return;
+	ib_dma_unmap_sg(q->dev, m->sgl, m->nents, DMA_FROM_DEVICE);
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_dma_unmap_sg' runs right after posting an unsignaled LOCAL_INV; until the invalidation completes the peer can still access the memory being released [rdma-unmap-before-invalidate]
+	// CHECK-MESSAGES: :[[@LINE-4]]:6: note: LOCAL_INV posted here
+}
+
+/* Signaled, but the request is freed before the completion arrives. */
+static void demo_free_req(struct demo_queue *q, struct demo_mr *m)
+{
+	m->inv_wr.opcode = IB_WR_LOCAL_INV;
+	m->inv_wr.send_flags = IB_SEND_SIGNALED;
+	m->inv_wr.wr_cqe = &m->inv_cqe;
+	m->inv_wr.ex.invalidate_rkey = m->mr->rkey;
+	m->inv_wr.next = NULL;
+	ib_post_send(q->qp, &m->inv_wr, NULL);
+	ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, m->mr);
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_mr_pool_put' runs right after posting a LOCAL_INV that nothing waits for
+	// CHECK-MESSAGES: :[[@LINE-3]]:2: note: LOCAL_INV posted here
+}
+
+/* Near miss: smbdirect waits for the invalidation before unmapping. */
+static void ok_wait(struct demo_queue *q, struct demo_mr *m)
+{
+	if (ib_map_mr_sg(m->mr, m->sgl, m->nents, NULL, SZ_4K) < 0)
+		return;
+	m->inv_wr.opcode = IB_WR_LOCAL_INV;
+	m->inv_wr.send_flags = IB_SEND_SIGNALED;
+	m->inv_wr.wr_cqe = &m->inv_cqe;
+	m->inv_wr.ex.invalidate_rkey = m->mr->rkey;
+	m->inv_wr.next = NULL;
+	if (ib_post_send(q->qp, &m->inv_wr, NULL))
+		return;
+	wait_for_completion(&m->inv_done);
+	ib_dma_unmap_sg(q->dev, m->sgl, m->nents, DMA_FROM_DEVICE);
+}
+
+/* Near miss: the completion handler of the LOCAL_INV unmaps. */
+static void ok_inv_done(struct demo_queue *q, struct demo_mr *m)
+{
+	ib_dma_unmap_sg(q->dev, m->sgl, m->nents, DMA_FROM_DEVICE);
+	ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, m->mr);
+}
