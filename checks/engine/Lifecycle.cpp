@@ -262,6 +262,7 @@ private:
         break;
       std::string Slot = slotOf(A, *Result, Fn);
       LifeEvent E = event(LifeEventKind::Produce, Slot, Fn, CE, Loc, Name);
+      E.Stable = stable(Fn, *Result);
       E.Reusable = C.Model->E != Effect::MrRegister;
       E.By = C.Model->E;
       E.Window = C.Model->E == Effect::MwAlloc;
@@ -304,6 +305,36 @@ private:
     default:
       break;
     }
+  }
+
+  /// Does \p L name the same object every time the function reaches it? Not
+  /// for array elements (`io_us[i]->mr` in a loop) or through a local
+  /// pointer that is assigned more than once.
+  bool stable(const FunctionDecl *Fn, const Location &L) {
+    Location R = A.flow(Fn).resolve(L);
+    if (llvm::any_of(R.Steps, [](const Location::Step &S) { return !S.Field; }))
+      return false;
+    if (R.Steps.empty())
+      return true;
+    const auto *VD = dyn_cast_or_null<VarDecl>(R.Root);
+    if (!VD || isa<ParmVarDecl>(VD) || VD->hasGlobalStorage() ||
+        !VD->getType()->isPointerType())
+      return true;
+    // A local pointer: one assignment, outside any loop.
+    const Def *Only = nullptr;
+    for (const Def &D : A.flow(Fn).defs())
+      if (D.Target.Root == VD && D.Target.Steps.empty()) {
+        if (Only)
+          return false;
+        Only = &D;
+      }
+    if (!Only)
+      return true;
+    const ParentMap &PM = A.flow(Fn).parents();
+    for (const Stmt *P = PM.getParent(Only->S); P; P = PM.getParent(P))
+      if (isa<ForStmt>(P) || isa<WhileStmt>(P) || isa<DoStmt>(P))
+        return false;
+    return true;
   }
 
   bool remote(const FunctionDecl *Fn, const ApiCall &C) {
@@ -468,10 +499,17 @@ private:
   void assigned(const FunctionDecl *Fn, const BinaryOperator *BO) {
     const Expr *Lhs = BO->getLHS();
     const Expr *Rhs = stripExpr(BO->getRHS());
-    if (!isHandleType(A, Lhs->getType()))
-      return;
     std::optional<Location> Target = locationOf(Lhs);
-    if (!Target)
+    // A handle copied anywhere else (`mr.verb_obj = ibv_mr`, a void * in a
+    // cache entry) lives on there.
+    if (auto From = handleSlot(Fn, Rhs)) {
+      bool Alias = Target && Target->Steps.empty() &&
+                   A.flow(Fn).resolve(*Target) != *Target;
+      if (!Alias && (!Target || slotOf(A, *Target, Fn) != *From))
+        add(event(LifeEventKind::Escape, *From, Fn, BO, BO->getBeginLoc(),
+                  "store"));
+    }
+    if (!isHandleType(A, Lhs->getType()) || !Target)
       return;
     std::string Slot = slotOf(A, *Target, Fn);
     if (Rhs->isNullPointerConstant(const_cast<ASTContext &>(A.context()),
@@ -479,15 +517,12 @@ private:
       add(event(LifeEventKind::Clear, Slot, Fn, BO, BO->getBeginLoc(), "NULL"));
       return;
     }
-    if (isa<CallExpr>(Rhs) && CallModel.count(cast<CallExpr>(Rhs)))
-      return; // the call's Produce
-    // Another handle stored here: it lives on in this field.
-    if (auto From = handleSlot(Fn, Rhs))
-      if (*From != Slot && Target->Steps.size() > 0)
-        add(event(LifeEventKind::Escape, *From, Fn, BO, BO->getBeginLoc(), "store"));
     if (isa<CallExpr>(Rhs))
-      return; // a helper that returns a handle
-    add(event(LifeEventKind::Overwrite, Slot, Fn, BO, BO->getBeginLoc(), "store"));
+      return; // the call's Produce, or a helper that returns a handle
+    LifeEvent E = event(LifeEventKind::Overwrite, Slot, Fn, BO, BO->getBeginLoc(),
+                        "store");
+    E.Stable = stable(Fn, *Target);
+    add(E);
   }
 
   /// The handles a post registers for remote access or invalidates.
@@ -778,7 +813,7 @@ private:
       return;
     switch (E.K) {
     case LifeEventKind::Produce:
-      if (holds(S.L) && S.Produced)
+      if (holds(S.L) && S.Produced && E.Stable && S.Produced->Stable)
         incident(LifeIncident::LeakOverwrite, &E, S);
       S = PathState{Life::Live, &E, nullptr, nullptr, nullptr, S.ErrorBranch, false};
       break;
@@ -807,7 +842,8 @@ private:
       break;
     case LifeEventKind::Clear:
     case LifeEventKind::Overwrite:
-      if (holds(S.L) && S.Produced)
+      if (holds(S.L) && S.Produced && S.Produced->Stable &&
+          (E.K == LifeEventKind::Clear || E.Stable))
         incident(LifeIncident::LeakOverwrite, &E, S);
       S.L = E.K == LifeEventKind::Clear ? Life::None : Life::Unknown;
       S.Produced = nullptr;

@@ -53,6 +53,7 @@ struct LifeEvent {
   bool Checked = true;     // InvalidateRemote: the invalidated rkey is compared
   bool Reusable = false;   // Produce: pool get / fast-registration MR
   Effect By = Effect::None; // Produce: the call's effect (mr.pool_get, ...)
+  bool Stable = true;       // the handle names one object each time (no a[i])
   bool Window = false;     // the handle is a memory window
   std::string What;        // API in messages: "ib_mr_pool_put", "kfree"
   const clang::Stmt *Via = nullptr; // a helper call the event comes from
