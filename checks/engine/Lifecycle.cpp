@@ -621,11 +621,14 @@ int invalidationTest(const TuAnalysis &A, const CompletionFields &CF,
 class InvalidatedKeyUses : public RecursiveASTVisitor<InvalidatedKeyUses> {
 public:
   InvalidatedKeyUses(const TuAnalysis &A, const CompletionFields &CF,
-                     LifecycleBuilder &B, const FunctionDecl *Fn)
-      : A(A), CF(CF), B(B), Fn(Fn) {}
+                     LifecycleBuilder &B, const FunctionDecl *Fn,
+                     unsigned Depth = 0)
+      : A(A), CF(CF), B(B), Fn(Fn), Depth(Depth) {}
 
   std::vector<std::string> Slots;
   bool Checked = false;
+  /// Parameters of a helper that receive the invalidated key.
+  std::set<const ValueDecl *> KeyParams;
 
   bool VisitBinaryOperator(BinaryOperator *BO) {
     if (!BO->isEqualityOp())
@@ -643,17 +646,35 @@ public:
     if (A.modelOf(CE))
       return true;
     // The key (or the completion holding it) goes to code that may compare
-    // it: frwr_reminv(rep, ...), iser_inv_desc(desc, rkey).
-    for (const Expr *Arg : CE->arguments())
-      if (readsInvalidatedKey(Arg) || carriesCompletion(Arg))
-        Checked = true;
+    // it: frwr_reminv(rep, ...), iser_inv_desc(desc, rkey). A helper of this
+    // unit is looked into; code elsewhere gets the benefit of the doubt.
+    bool Passes = llvm::any_of(CE->arguments(), [&](const Expr *Arg) {
+      return readsInvalidatedKey(Arg) || carriesCompletion(Arg);
+    });
+    if (!Passes)
+      return true;
+    const FunctionDecl *Callee = CE->getDirectCallee();
+    const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
+    if (!Def || !llvm::is_contained(A.functions(), Def) || Depth > 2) {
+      Checked = true;
+      return true;
+    }
+    InvalidatedKeyUses Inner(A, CF, B, Def, Depth + 1);
+    for (unsigned I = 0; I < CE->getNumArgs() && I < Def->getNumParams(); ++I)
+      if (readsInvalidatedKey(CE->getArg(I)))
+        Inner.KeyParams.insert(Def->getParamDecl(I));
+    Inner.TraverseStmt(Def->getBody());
+    Checked |= Inner.Checked;
+    Slots.insert(Slots.end(), Inner.Slots.begin(), Inner.Slots.end());
     return true;
   }
 
-private:
   bool readsInvalidatedKey(const Expr *E) {
     if (CF.role(Fn, E) == "invalidated_rkey")
       return true;
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(E)))
+      if (KeyParams.count(DRE->getDecl()))
+        return true;
     // `u32 rkey = wc->ex.invalidate_rkey;` then `rkey != ...`
     if (auto L = locationOf(E))
       if (L->Steps.empty())
@@ -663,6 +684,7 @@ private:
             return true;
     return false;
   }
+
   bool carriesCompletion(const Expr *E) {
     const StructModel *S = A.structOf(stripExpr(E)->getType());
     return S && S->Role == "wc";
@@ -672,6 +694,7 @@ private:
   const CompletionFields &CF;
   LifecycleBuilder &B;
   const FunctionDecl *Fn;
+  unsigned Depth;
 };
 
 } // namespace
