@@ -3,7 +3,8 @@
 # everything, then run one job.
 #
 #   scripts/bootstrap.sh example   build, then run ulplint on the bundled
-#                                  example ULP (testsuite/example/handmade)
+#                                  example ULP (testsuite/example/handmade),
+#                                  and both of its versions on simverbs
 #   scripts/bootstrap.sh test      build, then run the whole test suite
 #
 # Environment: BUILD_DIR (default: build), JOBS (default: all cores),
@@ -69,6 +70,11 @@ case "$job" in
     status=0
     "$build/tool/ulplint" -p "$build/example/handmade" || status=$?
     [ "$status" -le 1 ] || exit "$status"
+    # The same bugs at run time, and the regcore version without them.
+    echo "== testsuite/example/handmade on simverbs (mlx5 profile, a post fails at I/O 4)"
+    "$build/example/bin/blkdemo-handmade" --profile=mlx5 --ios=6 --fail-post=4 || true
+    echo "== testsuite/example/regcore on simverbs (same run)"
+    "$build/example/bin/blkdemo-regcore" --profile=mlx5 --ios=6 --fail-post=4 || true
     ;;
   test)
     cmake --build "$build" --target check

@@ -39,6 +39,7 @@ config.substitutions.append(("%validate_json", "%s %s" % (python, os.path.join(s
 config.substitutions.append(("%sarif_schema", os.path.join(src, "testsuite", "Inputs", "sarif-schema-2.1.0.json")))
 config.substitutions.append(("%example_db", os.path.join(obj, "example")))
 config.substitutions.append(("%example", os.path.join(src, "testsuite", "example")))
+config.substitutions.append(("%blkdemo", os.path.join(obj, "example", "bin")))
 config.substitutions.append(("%python", python))
 config.substitutions.append(("%srcroot", src))
 config.substitutions.append(("%bindir", obj))

@@ -25,8 +25,7 @@ int blk_conn_create(struct blk_conn *conn, struct ibv_context *ctx,
 	if (!conn->cq)
 		goto err_pd;
 
-	/* Each I/O sends a command and, when the target did not invalidate
-	 * the rkey for us, a LOCAL_INV: two send-queue entries per I/O. */
+	/* One command per I/O; twice the depth to be safe. */
 	memset(&attr, 0, sizeof(attr));
 	attr.send_cq = conn->cq;
 	attr.recv_cq = conn->cq;
@@ -67,4 +66,23 @@ void blk_conn_destroy(struct blk_conn *conn)
 	ibv_destroy_qp(conn->qp);
 	ibv_destroy_cq(conn->cq);
 	ibv_dealloc_pd(conn->pd);
+}
+
+int blk_conn_post_recv(struct blk_conn *conn, unsigned int slot)
+{
+	struct ibv_recv_wr *bad;
+
+	conn->recv_sge.addr = (uintptr_t)blk_msg_slot(conn, conn->depth + slot);
+	conn->recv_sge.length = BLK_MSG_SIZE;
+	conn->recv_sge.lkey = conn->msg_mr->lkey;
+	memset(&conn->recv_wr, 0, sizeof(conn->recv_wr));
+	conn->recv_wr.wr_id = slot;
+	conn->recv_wr.sg_list = &conn->recv_sge;
+	conn->recv_wr.num_sge = 1;
+	return ibv_post_recv(conn->qp, &conn->recv_wr, &bad);
+}
+
+int blk_conn_poll(struct blk_conn *conn, struct ibv_wc *wc, int n)
+{
+	return ibv_poll_cq(conn->cq, n, wc);
 }

@@ -23,6 +23,7 @@ static void blk_build_cmd(struct blk_request *req, enum blk_opcode op,
 	cmd->addr = htobe64((uintptr_t)req->buf);
 	cmd->rkey = htobe32(req->mr->rkey);
 	cmd->length = htobe32((uint32_t)req->len);
+	req->rkey = req->mr->rkey;
 
 	req->send_sge.addr = (uintptr_t)cmd;
 	req->send_sge.length = sizeof(*cmd);
@@ -42,6 +43,7 @@ int blk_submit(struct blk_request *req, enum blk_opcode op, uint64_t lba)
 	int access = blk_access_for(op);
 	int ret;
 
+	req->done = 0;
 	req->mr = ibv_reg_mr(conn->pd, req->buf, req->len, access);
 	if (!req->mr)
 		return -errno;
@@ -52,32 +54,26 @@ int blk_submit(struct blk_request *req, enum blk_opcode op, uint64_t lba)
 	return 0;
 }
 
-static int blk_invalidate(struct blk_request *req)
+/* A response arrived: the target is done with the buffer. */
+static void blk_complete(struct blk_conn *conn, unsigned int slot,
+			 struct blk_request *reqs)
 {
-	struct ibv_send_wr *bad;
-
-	memset(&req->inv_wr, 0, sizeof(req->inv_wr));
-	req->inv_wr.wr_id = (uintptr_t)req;
-	req->inv_wr.opcode = IBV_WR_LOCAL_INV;
-	req->inv_wr.invalidate_rkey = req->mr->rkey;
-	req->inv_wr.send_flags = IBV_SEND_SIGNALED;
-	return ibv_post_send(req->conn->qp, &req->inv_wr, &bad);
-}
-
-/* A response arrived for @req. */
-int blk_complete(struct blk_conn *conn, struct ibv_wc *wc,
-		 struct blk_request *reqs)
-{
-	const struct blk_rsp *rsp = blk_msg_slot(conn, conn->depth + wc->wr_id);
+	const struct blk_rsp *rsp = blk_msg_slot(conn, conn->depth + slot);
 	struct blk_request *req = &reqs[be32toh(rsp->tag) % conn->depth];
 
-	req->status = be32toh(rsp->status);
-	if (wc->wc_flags & IBV_WC_WITH_INV) {
-		/* The target invalidated the rkey for us. */
-		ibv_dereg_mr(req->mr);
-		req->mr = NULL;
-		req->done = 1;
-		return 0;
-	}
-	return blk_invalidate(req);
+	req->status = (int32_t)be32toh(rsp->status);
+	ibv_dereg_mr(req->mr);
+	req->mr = NULL;
+	req->done = 1;
+}
+
+int blk_initiator_handle(struct blk_conn *conn, struct ibv_wc *wc,
+			 struct blk_request *reqs)
+{
+	if (wc->status != IBV_WC_SUCCESS)
+		return -EIO;
+	if (wc->opcode != IBV_WC_RECV)
+		return 0; /* our SEND completed */
+	blk_complete(conn, (unsigned int)wc->wr_id, reqs);
+	return blk_conn_post_recv(conn, (unsigned int)wc->wr_id);
 }
