@@ -8,8 +8,10 @@
 #include "AccessFlagsInvalidCheck.h"
 #include "AccessFlagsTransportCheck.h"
 #include "InvalidationLeakCheck.h"
+#include "LocalMrManagementCheck.h"
 #include "MrLeakCheck.h"
 #include "QueueCapUncheckedCheck.h"
+#include "RegistrationInDatapathCheck.h"
 #include "RemoteInvalidateUncheckedCheck.h"
 #include "RkeyReuseCheck.h"
 #include "UnmapBeforeInvalidateCheck.h"
@@ -38,6 +40,9 @@ public:
     F.registerCheck<RkeyReuseCheck>("rdma-rkey-reuse");
     F.registerCheck<UnmapBeforeInvalidateCheck>("rdma-unmap-before-invalidate");
     F.registerCheck<MrLeakCheck>("rdma-mr-leak");
+    F.registerCheck<LocalMrManagementCheck>("rdma-local-mr-management");
+    F.registerCheck<RegistrationInDatapathCheck>(
+        "rdma-registration-in-datapath");
   }
 };
 

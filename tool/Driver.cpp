@@ -79,6 +79,11 @@ std::vector<std::string> sanitizeCommand(llvm::ArrayRef<std::string> Args) {
 
 //===-- Configuration -----------------------------------------------------===//
 
+/// The checks ulplint runs unless told otherwise: every rdma-* check but the
+/// migration advice, which `ulplint report` and --checks ask for.
+static constexpr llvm::StringLiteral DefaultChecks =
+    "rdma-*,-rdma-local-mr-management";
+
 namespace {
 /// clang-tidy's file-based options, with rdma-* turned on for sources whose
 /// .clang-tidy files do not mention rdma checks: a project's configuration
@@ -94,7 +99,7 @@ public:
     });
     if (!Mentioned) {
       ClangTidyOptions Enable;
-      Enable.Checks = "rdma-*";
+      Enable.Checks = DefaultChecks.str();
       // Before the command line, which comes last and must win.
       auto Pos = Sources.end();
       if (!Sources.empty() &&
@@ -112,7 +117,7 @@ makeOptionsProvider(const RunOptions &Opts,
                     llvm::IntrusiveRefCntPtr<llvm::vfs::FileSystem> FS) {
   ClangTidyGlobalOptions Global;
   ClangTidyOptions Defaults = ClangTidyOptions::getDefaults();
-  Defaults.Checks = "-*,rdma-*";
+  Defaults.Checks = ("-*," + DefaultChecks).str();
   Defaults.HeaderFilterRegex = "";
   ClangTidyOptions Override;
   if (!Opts.Checks.empty())
@@ -132,7 +137,7 @@ makeOptionsProvider(const RunOptions &Opts,
                         Parsed.getError().message());
     ClangTidyOptions Config = std::move(*Parsed);
     if (Config.Checks && !llvm::StringRef(*Config.Checks).contains("rdma"))
-      Config.Checks = *Config.Checks + ",rdma-*";
+      Config.Checks = *Config.Checks + "," + DefaultChecks.str();
     return std::make_unique<ConfigOptionsProvider>(
         Global, Defaults, std::move(Config), std::move(Override), FS);
   }

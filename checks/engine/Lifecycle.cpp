@@ -300,6 +300,7 @@ private:
       released(Fn, CE, C.arg("entry"), Name, /*EntryOfContainer=*/true);
       break;
     case Effect::WaitCompletion:
+    case Effect::CqPoll:
       add(event(LifeEventKind::Wait, "", Fn, CE, Loc, Name));
       break;
     default:

@@ -38,6 +38,7 @@ struct RawDomainFile {
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
   std::map<std::string, int64_t> PortableCaps;
+  std::map<std::string, std::string> Migration;
   std::vector<RawStruct> Structs;
   std::vector<RawFunction> Functions;
 };
@@ -93,6 +94,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("transport_constants", D.TransportConstants);
     Io.mapOptional("ib_constants", D.IbConstants);
     Io.mapOptional("portable_caps", D.PortableCaps);
+    Io.mapOptional("migration", D.Migration);
     Io.mapOptional("structs", D.Structs);
     Io.mapRequired("functions", D.Functions);
   }
@@ -165,6 +167,7 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::BufferFree, "buffer.free"},
     {Effect::ContainerRecycle, "container.recycle"},
     {Effect::WaitCompletion, "wait.completion"},
+    {Effect::CqPoll, "cq.poll"},
     {Effect::RwInit, "rw.init"},
     {Effect::RwWrs, "rw.wrs"},
     {Effect::RwPost, "rw.post"},
@@ -263,6 +266,7 @@ struct RulesBuilder {
     DM.TransportConstants = Raw.TransportConstants;
     DM.IbConstants = Raw.IbConstants;
     DM.PortableCaps = Raw.PortableCaps;
+    DM.Migration = Raw.Migration;
     for (auto &[Family, Flags] : Raw.Flags)
       for (auto &[Flag, Enumerator] : Flags)
         R.FlagIndex[Enumerator] = {Family, Flag};

@@ -58,6 +58,7 @@ enum class Effect {
   BufferFree,
   ContainerRecycle, // list_add(&req->node, &free_list)
   WaitCompletion,
+  CqPoll,           // ibv_poll_cq, ib_poll_cq: reaps completions (the data path)
   RwInit,
   RwWrs,
   RwPost,
@@ -119,6 +120,10 @@ struct DomainModel {
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
   std::map<std::string, int64_t> PortableCaps;
+  /// What replaces hand-written registration, by the role of the code:
+  /// expose, data_transfer, local, queue_sizing, remote_invalidation,
+  /// datapath_registration (see rules/api/*.yaml, `migration`).
+  std::map<std::string, std::string> Migration;
 };
 
 struct RuleInfo {

@@ -2,6 +2,7 @@
 
 #include "Sites.h"
 #include "clang/AST/Expr.h"
+#include "clang/AST/ParentMap.h"
 
 using namespace clang;
 
@@ -199,11 +200,14 @@ static void sinksOfSgList(const TuAnalysis &A, const FunctionDecl *Fn,
   }
 }
 
-std::vector<ReadSink> readSinks(const TuAnalysis &A) {
+/// Local memory of the RDMA work requests with one of \p Ops.
+static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
+                                         llvm::ArrayRef<Opcode> Ops) {
+  auto Wanted = [&](Opcode Op) { return llvm::is_contained(Ops, Op); };
   std::vector<ReadSink> Out;
   // Work requests built field by field.
   for (const FieldStore &S : A.stores()) {
-    if (S.Role != "opcode" || !llvm::is_contained(opcodesOf(A, S), Opcode::RdmaRead))
+    if (S.Role != "opcode" || !llvm::any_of(opcodesOf(A, S), Wanted))
       continue;
     std::vector<const FieldStore *> Lists;
     for (const FieldStore &List : A.stores())
@@ -221,7 +225,7 @@ std::vector<ReadSink> readSinks(const TuAnalysis &A) {
   const ApiCall *PendingRead = nullptr;
   for (const ApiCall &C : A.calls()) {
     ReadSink Proto{C.Caller, C.Call->getBeginLoc(), std::nullopt, nullptr, false};
-    if (C.Model->E == Effect::PostCm && C.Model->Op == Opcode::RdmaRead) {
+    if (C.Model->E == Effect::PostCm && Wanted(C.Model->Op)) {
       if (const Expr *Mr = C.arg("mr")) {
         Proto.Region = locationOf(Mr);
         Proto.RegionFn = C.Caller;
@@ -233,7 +237,7 @@ std::vector<ReadSink> readSinks(const TuAnalysis &A) {
       continue;
     }
     if (C.Model->E == Effect::WrxOp) {
-      PendingRead = C.Model->Op == Opcode::RdmaRead ? &C : nullptr;
+      PendingRead = Wanted(C.Model->Op) ? &C : nullptr;
       continue;
     }
     if (C.Model->E == Effect::WrxSge && PendingRead &&
@@ -250,6 +254,114 @@ std::vector<ReadSink> readSinks(const TuAnalysis &A) {
     }
   }
   return Out;
+}
+
+std::vector<ReadSink> readSinks(const TuAnalysis &A) {
+  return rdmaBuffers(A, {Opcode::RdmaRead});
+}
+
+std::vector<ReadSink> rdmaLocalBuffers(const TuAnalysis &A) {
+  return rdmaBuffers(A, {Opcode::RdmaRead, Opcode::RdmaWrite});
+}
+
+/// The first enclosing statement that is not a paren or cast.
+static const Stmt *useContext(const ParentMap &PM, const Stmt *&Child) {
+  const Stmt *P = PM.getParent(Child);
+  while (P && (isa<ParenExpr>(P) || isa<CastExpr>(P))) {
+    Child = P;
+    P = PM.getParent(P);
+  }
+  return P;
+}
+
+/// Does this read of an MR's rkey hand the key to anyone? Comparisons,
+/// invalidations, key rotation and the REG_MR key field keep it local.
+static bool rkeyReadLeaves(const TuAnalysis &A, const FunctionDecl *Fn,
+                           const Expr *Read) {
+  const Stmt *Child = Read;
+  const Stmt *P = useContext(A.flow(Fn).parents(), Child);
+  if (const auto *BO = dyn_cast_or_null<BinaryOperator>(P)) {
+    if (BO->isComparisonOp())
+      return false;
+    if (BO->isAssignmentOp() && BO->getRHS() == Child)
+      if (auto Target = A.classifyMember(BO->getLHS()))
+        return Target->Role != "invalidate_rkey" && Target->Role != "reg_key";
+    return true;
+  }
+  if (const auto *CE = dyn_cast_or_null<CallExpr>(P))
+    if (const FunctionModel *M = A.modelOf(CE))
+      return M->E != Effect::RkeyIncrement && M->E != Effect::RkeyRotate;
+  if (!P)
+    return false;
+  // Designated initializers of a work request field fall here too.
+  for (const FieldStore &S : A.stores())
+    if (S.Value == Child)
+      return S.Role != "invalidate_rkey" && S.Role != "reg_key";
+  return true;
+}
+
+/// Can the rkey of the MR stored in \p Region reach a peer, or code the
+/// analysis cannot see?
+bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
+                         const FunctionDecl *Fn) {
+  for (const TuAnalysis::Use &U : A.usesOf(Region, Fn)) {
+    const FunctionFlow &Flow = A.flow(U.Fn);
+    const Stmt *Child = U.E;
+    const Stmt *P = useContext(Flow.parents(), Child);
+    if (!P)
+      return true;
+    if (const auto *ME = dyn_cast<MemberExpr>(P)) {
+      auto Member = A.classifyMember(ME);
+      if (Member && Member->Role == "rkey" && rkeyReadLeaves(A, U.Fn, ME))
+        return true;
+      continue; // lkey, addr, length, or a member of a member
+    }
+    if (const auto *BO = dyn_cast<BinaryOperator>(P)) {
+      if (BO->isAssignmentOp() && BO->getLHS() == Child)
+        continue; // the registration storing the handle
+      if (BO->isComparisonOp() || BO->isLogicalOp())
+        continue;
+      if (auto Member = A.classifyMember(BO->getLHS()))
+        if (Member->Role == "reg_mr" || Member->Role == "bind_mr")
+          continue; // the fast registration or bind of this very MR
+      if (BO->isAssignmentOp())
+        if (auto Target = locationOf(BO->getLHS()))
+          if (Target->Steps.empty() &&
+              Flow.resolve(*Target).Root != Target->Root)
+            continue; // copied into a local alias, whose uses we see
+      return true;
+    }
+    if (const auto *CE = dyn_cast<CallExpr>(P)) {
+      if (A.modelOf(CE))
+        continue; // verbs that only use the MR locally
+      return true;
+    }
+    if (isa<InitListExpr>(P)) {
+      // `(struct ib_reg_wr){ .mr = mr, ... }` registers it; any other
+      // aggregate takes the handle somewhere we do not follow.
+      bool Registers = llvm::any_of(A.stores(), [&](const FieldStore &S) {
+        return S.Value == Child && (S.Role == "reg_mr" || S.Role == "bind_mr");
+      });
+      if (Registers)
+        continue;
+      return true;
+    }
+    if (isa<UnaryOperator>(P) || isa<IfStmt>(P) || isa<WhileStmt>(P) ||
+        isa<ConditionalOperator>(P))
+      continue;
+    if (const auto *DS = dyn_cast<DeclStmt>(P)) {
+      if (DS->isSingleDecl())
+        if (const auto *VD = dyn_cast<VarDecl>(DS->getSingleDecl())) {
+          Location Alias;
+          Alias.Root = VD;
+          if (!(Flow.resolve(Alias) == Alias))
+            continue;
+        }
+      return true;
+    }
+    return true; // returned, stored elsewhere, ...
+  }
+  return false;
 }
 
 } // namespace ulplint

@@ -53,6 +53,14 @@ struct ReadSink {
   bool LocalDmaLkey = false;              // addressed with pd->local_dma_lkey
 };
 std::vector<ReadSink> readSinks(const TuAnalysis &A);
+/// Local memory of RDMA READs and WRITEs (sinks and sources).
+std::vector<ReadSink> rdmaLocalBuffers(const TuAnalysis &A);
+
+/// Can the rkey of the MR stored in \p Region (as named in \p Fn) reach a
+/// peer, or code the analysis cannot see? Comparisons, invalidations, key
+/// rotation and the MR's own fast registration keep it local.
+bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
+                  const clang::FunctionDecl *Fn);
 
 /// The sites that give the memory region stored in \p Region (as named in
 /// \p Fn) its rights: registrations whose result lands there, directly or

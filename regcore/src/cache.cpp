@@ -144,11 +144,15 @@ extern "C" {
 
 int regcore_mr_get(struct regcore *core, void *addr, size_t length, unsigned access,
                    struct regcore_mr **mr) {
-  if (!core || !mr) return fail(EINVAL, "regcore_mr_get: NULL argument");
+  if (!mr) return fail(EINVAL, "regcore_mr_get: NULL argument");
+  // Like ibv_reg_mr: NULL and errno on failure, so that code rewritten from
+  // `mr = ibv_reg_mr(...); if (!mr) return -errno;` keeps working.
+  *mr = nullptr;
+  if (!core) return errno = EINVAL, fail(EINVAL, "regcore_mr_get: NULL argument");
   Core *c = core_of(core);
   CacheEntry *e = nullptr;
   int err = c->cache.get(reinterpret_cast<uintptr_t>(addr), length, access, &e, c->stats);
-  if (err) return err;
+  if (err) return errno = -err, err;
   c->ulp_cache_refs++;
   *mr = &e->pub;
   return 0;

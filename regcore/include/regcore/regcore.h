@@ -300,7 +300,9 @@ struct regcore_mr {
 /* The replacement for ibv_reg_mr(pd, addr, length, access): returns a
  * referenced registration covering [addr, addr+length) with at least
  * `access` (LOCAL_WRITE added when REMOTE_WRITE/ATOMIC is asked). -ENOSPC if
- * the cache budget is full of referenced entries. */
+ * the cache budget is full of referenced entries. On failure *mr is NULL and
+ * errno is set, like ibv_reg_mr(), so `mr = ibv_reg_mr(pd, a, l, f);` becomes
+ * `regcore_mr_get(core, a, l, f, &mr);` with the caller's checks unchanged. */
 int regcore_mr_get(struct regcore *core, void *addr, size_t length,
 		   unsigned access, struct regcore_mr **mr);
 int regcore_mr_put(struct regcore *core, struct regcore_mr *mr);

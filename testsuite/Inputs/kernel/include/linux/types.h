@@ -27,4 +27,10 @@ typedef struct {
 	int counter;
 } atomic_t;
 
+/* From <asm/byteorder.h> on a little-endian machine. */
+#define cpu_to_le64(x) ((__le64)(u64)(x))
+#define cpu_to_le32(x) ((__le32)(u32)(x))
+#define le64_to_cpu(x) ((u64)(__le64)(x))
+#define le32_to_cpu(x) ((u32)(__le32)(x))
+
 #endif

@@ -10,6 +10,7 @@
 #include <linux/types.h>
 #include <linux/compiler.h>
 #include <linux/errno.h>
+#include <linux/err.h>
 #include <linux/scatterlist.h>
 #include <linux/dma-mapping.h>
 

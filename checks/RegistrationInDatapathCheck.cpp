@@ -1,0 +1,103 @@
+//===- RegistrationInDatapathCheck.cpp - rdma-registration-in-datapath ----===//
+
+#include "RegistrationInDatapathCheck.h"
+#include "engine/Inventory.h"
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/ParentMap.h"
+#include "clang/AST/RecursiveASTVisitor.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+static bool isPerIoCall(Effect E) {
+  return E == Effect::MrRegister || E == Effect::MrReregister ||
+         E == Effect::MrDeregister || E == Effect::MrAlloc;
+}
+
+namespace {
+/// Does an expression name the storage \p L?
+class NamesLocation : public RecursiveASTVisitor<NamesLocation> {
+public:
+  explicit NamesLocation(const Location &L) : L(L) {}
+  bool VisitExpr(Expr *E) {
+    if (isa<DeclRefExpr>(E) || isa<MemberExpr>(E))
+      if (std::optional<Location> Named = locationOf(E); Named && *Named == L)
+        Found = true;
+    return !Found;
+  }
+  const Location &L;
+  bool Found = false;
+};
+} // namespace
+
+/// `if (!buf->mr) buf->mr = ibv_reg_mr(...)`: registered once, on first
+/// use, then cached; not per I/O.
+static bool registersLazily(const TuAnalysis &A, const ApiCall &C) {
+  std::optional<Location> Result = A.resultOf(C.Call);
+  if (!Result)
+    return false;
+  const ParentMap &PM = A.flow(C.Caller).parents();
+  for (const Stmt *S = PM.getParent(C.Call); S; S = PM.getParent(S))
+    if (const auto *If = dyn_cast<IfStmt>(S)) {
+      NamesLocation Finder(*Result);
+      Finder.TraverseStmt(const_cast<Expr *>(If->getCond()));
+      if (Finder.Found)
+        return true;
+    }
+  return false;
+}
+
+static std::string cost(const TuAnalysis &A, Effect E) {
+  if (A.domain() == Domain::Kernel)
+    return E == Effect::MrDeregister
+               ? "deregistering is a command to the device on every I/O"
+               : "allocating a memory region is a command to the device on "
+                 "every I/O";
+  return E == Effect::MrDeregister
+             ? "deregistration enters the kernel and unpins the pages on "
+               "every I/O"
+             : "registration enters the kernel and pins the pages on every "
+               "I/O";
+}
+
+void RegistrationInDatapathCheck::run(const TuAnalysis &A) {
+  const Inventory &Inv = Inventory::of(A);
+  for (const RegistrationSite &S : Inv.sites()) {
+    if (!S.Call || !S.Datapath || !isPerIoCall(S.Call->Model->E) ||
+        registersLazily(A, *S.Call))
+      continue;
+    const DatapathReason *Why = Inv.datapath(S.Fn);
+    bool InPlace = false;
+    std::vector<FixItHint> Fixes;
+    // A key for the peer must die with its I/O: no cache for those.
+    bool Exposed = S.Role == SiteRole::Expose;
+    if (S.Call->Model->E == Effect::MrRegister && !Exposed)
+      Fixes = regcoreCacheRewrite(A, *S.Call, InPlace);
+    std::string Target = Exposed && A.domain() != Domain::Kernel
+                             ? Inv.replacement(S)
+                             : Inv.replacement("datapath_registration");
+    std::string Seed = Why->Seed->getNameAsString();
+    {
+      auto D = report(A, S.Loc,
+                      "'" + S.Api + "' runs once per I/O: " +
+                          (Why->Seed == S.Fn ? "'" + Seed + "'"
+                                             : "it is called from '" + Seed + "', which") +
+                          " " + Why->What + "; " + cost(A, S.Call->Model->E) +
+                          "; use " + Target);
+      if (InPlace)
+        for (const FixItHint &F : Fixes)
+          D << F;
+    }
+    note(A, Why->At, "'" + Seed + "' " + Why->What + " here");
+    if (!InPlace && !Fixes.empty()) {
+      auto N = note(A, S.Loc,
+                    "the handle is a struct field: this rewrite changes its "
+                    "type and every use in this file");
+      for (const FixItHint &F : Fixes)
+        N << F;
+    }
+  }
+}
+
+} // namespace ulplint

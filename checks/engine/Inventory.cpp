@@ -1,0 +1,558 @@
+//===- Inventory.cpp - Where a unit manages registration by hand ----------===//
+
+#include "Inventory.h"
+#include "Lifecycle.h"
+#include "Sites.h"
+#include "WorkRequests.h"
+#include "clang/AST/ASTContext.h"
+#include "clang/AST/ParentMap.h"
+#include "clang/AST/RecursiveASTVisitor.h"
+#include "clang/AST/TypeLoc.h"
+#include "clang/Lex/Lexer.h"
+
+using namespace clang;
+
+namespace ulplint {
+
+StringRef siteKindName(SiteKind K) {
+  switch (K) {
+  case SiteKind::Allocation: return "allocation";
+  case SiteKind::Mapping: return "mapping";
+  case SiteKind::RegistrationPost: return "registration";
+  case SiteKind::Invalidation: return "invalidation";
+  case SiteKind::QueueSizing: return "queue-sizing";
+  case SiteKind::RemoteInvalidation: return "remote-invalidation";
+  case SiteKind::CoreManaged: return "core-managed";
+  }
+  llvm_unreachable("site kind");
+}
+
+StringRef siteRoleName(SiteRole R) {
+  switch (R) {
+  case SiteRole::Expose: return "expose";
+  case SiteRole::DataTransfer: return "data_transfer";
+  case SiteRole::Local: return "local";
+  }
+  llvm_unreachable("site role");
+}
+
+const Inventory &Inventory::of(const TuAnalysis &A) {
+  return A.cached<Inventory>();
+}
+
+Inventory::Inventory(const TuAnalysis &A) : A(A) {
+  findDatapath();
+  RdmaBuffers = rdmaLocalBuffers(A);
+  collectWorkRequests(); // first: PostsRdma decides roles of the calls
+  collectCalls();
+  collectQueues();
+  collectRemoteInvalidations();
+  llvm::sort(Sites, [&](const RegistrationSite &L, const RegistrationSite &R) {
+    return A.sources().isBeforeInTranslationUnit(L.Loc, R.Loc);
+  });
+  exportSites();
+}
+
+void Inventory::add(RegistrationSite S) {
+  S.Datapath = S.Fn && datapath(S.Fn);
+  Sites.push_back(std::move(S));
+}
+
+static std::optional<SiteKind> kindOfEffect(Effect E) {
+  switch (E) {
+  case Effect::MrRegister:
+  case Effect::MrReregister:
+  case Effect::MrAlloc:
+  case Effect::MwAlloc:
+  case Effect::MrPoolInit:
+  case Effect::MrPoolGet:
+    return SiteKind::Allocation;
+  case Effect::MrMap:
+    return SiteKind::Mapping;
+  case Effect::MwBind:
+    return SiteKind::RegistrationPost;
+  case Effect::MrDeregister:
+  case Effect::MwDealloc:
+  case Effect::MrPoolPut:
+  case Effect::MrPoolDestroy:
+    return SiteKind::Invalidation;
+  default:
+    return std::nullopt;
+  }
+}
+
+/// Core-managed calls that stand for one migrated site each.
+static bool isCoreSite(Effect E) {
+  return E == Effect::RwInit || E == Effect::CoreRegInit ||
+         E == Effect::CoreMrGet || E == Effect::QpCreate ||
+         E == Effect::RwMaxSendWr || E == Effect::RwMrFactor;
+}
+
+void Inventory::collectCalls() {
+  for (const ApiCall &C : A.calls()) {
+    RegistrationSite S;
+    S.Loc = C.Call->getBeginLoc();
+    S.Fn = C.Caller;
+    S.Api = C.Model->Name;
+    S.Call = &C;
+    if (C.Model->CoreManaged) {
+      if (!isCoreSite(C.Model->E))
+        continue;
+      S.Kind = SiteKind::CoreManaged;
+      add(std::move(S));
+      continue;
+    }
+    std::optional<SiteKind> K = kindOfEffect(C.Model->E);
+    if (C.Model->E == Effect::WrxOp) {
+      if (C.Model->Op == Opcode::RegMr || C.Model->Op == Opcode::BindMw)
+        K = SiteKind::RegistrationPost;
+      else if (C.Model->Op == Opcode::LocalInv)
+        K = SiteKind::Invalidation;
+    }
+    if (!K)
+      continue;
+    S.Kind = *K;
+    S.Role = roleOf(C);
+    if (C.Model->E == Effect::MrRegister && S.Role != SiteRole::Expose) {
+      bool InPlace = false;
+      S.Fixable = !regcoreCacheRewrite(A, C, InPlace).empty();
+    }
+    add(std::move(S));
+  }
+}
+
+/// Does this registration give a peer a key (remote rights on an rkey that
+/// leaves the code we see)?
+static bool registrationExposes(const TuAnalysis &A, const ApiCall &C) {
+  bool Remote = llvm::any_of(Lifecycle::of(A).events(), [&](const LifeEvent &E) {
+    return E.K == LifeEventKind::Expose && E.S == C.Call;
+  });
+  if (!Remote)
+    return false;
+  std::optional<Location> Result = A.resultOf(C.Call);
+  return !Result || rkeyMayLeave(A, *Result, C.Caller);
+}
+
+SiteRole Inventory::roleOf(const ApiCall &C) const {
+  if (C.Model->E == Effect::MwAlloc || C.Model->E == Effect::MwBind ||
+      C.Model->E == Effect::MwDealloc)
+    return SiteRole::Expose;
+  if (C.Model->E == Effect::MrRegister || C.Model->E == Effect::MrReregister) {
+    if (registrationExposes(A, C))
+      return SiteRole::Expose;
+    return addressesRdma(C) ? SiteRole::DataTransfer : SiteRole::Local;
+  }
+  return unitRole();
+}
+
+/// Is the registration's MR the local side of an RDMA READ or WRITE here?
+bool Inventory::addressesRdma(const ApiCall &C) const {
+  std::optional<Location> Result = A.resultOf(C.Call);
+  if (!Result)
+    return false;
+  return llvm::any_of(RdmaBuffers, [&](const ReadSink &B) {
+    return B.Region && A.sameStorage(*B.Region, B.RegionFn, *Result, C.Caller);
+  });
+}
+
+/// Fast-registration MRs, pools, REG_MR and LOCAL_INV: exposed when the
+/// unit registers keys with remote rights (REG_MR, window binds), else the
+/// local side of its own RDMA READ/WRITE.
+SiteRole Inventory::unitRole() const {
+  bool Exposes = llvm::any_of(Lifecycle::of(A).events(), [&](const LifeEvent &E) {
+    const FunctionModel *M = A.rules().function(E.What);
+    return E.K == LifeEventKind::Expose && !(M && M->E == Effect::MrRegister);
+  });
+  if (Exposes)
+    return SiteRole::Expose;
+  return PostsRdma ? SiteRole::DataTransfer : SiteRole::Local;
+}
+
+void Inventory::collectWorkRequests() {
+  for (const FieldStore &S : A.stores()) {
+    if (S.Role != "opcode" || !S.Value)
+      continue;
+    for (Opcode Op : opcodesOf(A, S)) {
+      if (Op == Opcode::RdmaRead || Op == Opcode::RdmaWrite)
+        PostsRdma = true;
+      if (Op != Opcode::RegMr && Op != Opcode::BindMw && Op != Opcode::LocalInv)
+        continue;
+      RegistrationSite R;
+      R.Kind = Op == Opcode::LocalInv ? SiteKind::Invalidation
+                                      : SiteKind::RegistrationPost;
+      R.Loc = S.Spelling ? S.Spelling->getBeginLoc() : S.At->getBeginLoc();
+      R.Fn = S.Fn;
+      R.Api = sourceText(A.context(), S.Value);
+      if (R.Api.empty() || R.Api.size() > 40)
+        R.Api = opcodeName(Op).upper();
+      Sites.push_back(std::move(R)); // role: after all calls are known
+    }
+  }
+  for (const ApiCall &C : A.calls())
+    if (!C.Model->CoreManaged &&
+        (C.Model->Op == Opcode::RdmaRead || C.Model->Op == Opcode::RdmaWrite))
+      PostsRdma = true;
+  SiteRole Role = unitRole();
+  for (RegistrationSite &S : Sites) {
+    S.Datapath = S.Fn && datapath(S.Fn);
+    S.Role = Role;
+  }
+}
+
+void Inventory::collectQueues() {
+  for (const QpCreation &Q : WorkRequests::of(A).creations()) {
+    if (Q.CoreManaged)
+      continue;
+    auto It = Q.Caps.find("max_send_wr");
+    if (It == Q.Caps.end() || !It->second)
+      continue;
+    RegistrationSite S;
+    S.Kind = SiteKind::QueueSizing;
+    S.Loc = It->second->Spelling ? It->second->Spelling->getBeginLoc()
+                                 : Q.Call->Call->getBeginLoc();
+    S.Fn = It->second->Fn;
+    S.Api = "max_send_wr";
+    add(std::move(S));
+  }
+}
+
+void Inventory::collectRemoteInvalidations() {
+  StringRef Flag =
+      A.rules().flagName(A.domain(), "completion", "with_invalidate");
+  for (const Lifecycle::RemoteInvalidation &R :
+       Lifecycle::of(A).remoteInvalidations()) {
+    RegistrationSite S;
+    S.Kind = SiteKind::RemoteInvalidation;
+    S.Role = SiteRole::Expose;
+    S.Loc = R.If->getCond()->getBeginLoc();
+    S.Fn = R.Fn;
+    S.Api = Flag.str();
+    add(std::move(S));
+  }
+}
+
+// ---------------------------------------------------------------- data path
+
+static bool handlesCompletions(const TuAnalysis &A, const FunctionDecl *Fn) {
+  return llvm::any_of(Fn->parameters(), [&](const ParmVarDecl *P) {
+    const StructModel *S = A.structOf(P->getType());
+    return S && S->Role == "wc" && P->getType()->isPointerType();
+  });
+}
+
+static std::optional<std::string> datapathCall(const ApiCall &C) {
+  switch (C.Model->E) {
+  case Effect::PostSend:
+  case Effect::PostCm:
+  case Effect::WrxComplete:
+  case Effect::RwPost:
+    return "posts work requests (" + C.Model->Name + ")";
+  case Effect::CqPoll:
+    return "reaps completions (" + C.Model->Name + ")";
+  default:
+    return std::nullopt;
+  }
+}
+
+void Inventory::findDatapath() {
+  for (const FunctionDecl *Fn : A.functions())
+    if (handlesCompletions(A, Fn))
+      Datapath[Fn] = {Fn, Fn->getLocation(), "handles completions"};
+  for (const ApiCall &C : A.calls())
+    if (std::optional<std::string> What = datapathCall(C))
+      Datapath.try_emplace(C.Caller, DatapathReason{C.Caller,
+                                                    C.Call->getBeginLoc(), *What});
+  // Everything the submit and completion functions call runs per I/O too.
+  for (bool Grew = true; Grew;) {
+    Grew = false;
+    for (const FunctionDecl *Fn : A.functions()) {
+      if (Datapath.count(Fn))
+        continue;
+      for (const auto &[Call, Caller] : A.callersOf(Fn)) {
+        auto It = Datapath.find(Caller);
+        if (It == Datapath.end())
+          continue;
+        Datapath[Fn] = It->second;
+        Grew = true;
+        break;
+      }
+    }
+  }
+}
+
+const DatapathReason *Inventory::datapath(const FunctionDecl *Fn) const {
+  auto It = Datapath.find(Fn);
+  return It == Datapath.end() ? nullptr : &It->second;
+}
+
+std::string Inventory::replacement(StringRef Key) const {
+  const auto &M = A.rules().domain(A.domain()).Migration;
+  auto It = M.find(Key.str());
+  return It == M.end() ? std::string() : It->second;
+}
+
+std::string Inventory::replacement(const RegistrationSite &S) const {
+  switch (S.Kind) {
+  case SiteKind::QueueSizing:
+    return replacement("queue_sizing");
+  case SiteKind::RemoteInvalidation:
+    return replacement("remote_invalidation");
+  case SiteKind::CoreManaged:
+    return "";
+  default:
+    return replacement(siteRoleName(S.Role));
+  }
+}
+
+// ------------------------------------------------------------- report sink
+
+static thread_local SiteSink *CurrentSites = nullptr;
+SiteSink *currentSiteSink() { return CurrentSites; }
+SiteScope::SiteScope(SiteSink *Sink) : Saved(CurrentSites) {
+  CurrentSites = Sink;
+}
+SiteScope::~SiteScope() { CurrentSites = Saved; }
+
+/// Lines [Line - 2, Line + 2] of the file \p Loc is in.
+static std::pair<std::string, unsigned> excerpt(const SourceManager &SM,
+                                                SourceLocation Loc) {
+  FileID FID = SM.getFileID(Loc);
+  unsigned Line = SM.getSpellingLineNumber(Loc);
+  unsigned First = Line > 2 ? Line - 2 : 1;
+  StringRef Buffer = SM.getBufferData(FID);
+  std::string Text;
+  unsigned N = 1;
+  for (StringRef Rest = Buffer; !Rest.empty() && N <= Line + 2; ++N) {
+    auto [L, Tail] = Rest.split('\n');
+    if (N >= First)
+      Text += L.rtrim().str() + "\n";
+    Rest = Tail;
+  }
+  return {Text, First};
+}
+
+void Inventory::exportSites() const {
+  SiteSink *Sink = currentSiteSink();
+  if (!Sink)
+    return;
+  const SourceManager &SM = A.sources();
+  for (const RegistrationSite &S : Sites) {
+    SourceLocation At = SM.getExpansionLoc(userLoc(SM, S.Loc));
+    if (At.isInvalid() || SM.isInSystemHeader(At))
+      continue;
+    SiteRecord R;
+    R.Kind = siteKindName(S.Kind).str();
+    R.Role = S.Kind == SiteKind::CoreManaged ? "" : siteRoleName(S.Role).str();
+    R.Api = S.Api;
+    R.Target = replacement(S);
+    R.Function = S.Fn ? S.Fn->getNameAsString() : "";
+    R.File = SM.getFilename(At).str();
+    R.Line = SM.getExpansionLineNumber(At);
+    R.Column = SM.getExpansionColumnNumber(At);
+    R.Datapath = S.Datapath;
+    R.Fixable = S.Fixable;
+    std::tie(R.Excerpt, R.ExcerptLine) = excerpt(SM, At);
+    Sink->Sites.push_back(std::move(R));
+  }
+}
+
+// -------------------------------------------------- rewrite into the cache
+
+namespace {
+
+/// Every reference to one declaration in the unit's functions.
+class RefFinder : public RecursiveASTVisitor<RefFinder> {
+public:
+  explicit RefFinder(const ValueDecl *D) : D(D) {}
+  bool VisitDeclRefExpr(DeclRefExpr *E) {
+    if (E->getDecl() == D)
+      Refs.push_back(E);
+    return true;
+  }
+  bool VisitMemberExpr(MemberExpr *E) {
+    if (E->getMemberDecl() == D)
+      Refs.push_back(E);
+    return true;
+  }
+  const ValueDecl *D;
+  std::vector<const Expr *> Refs;
+};
+
+/// Spelling of a `struct regcore *` usable at \p At inside \p Fn: a
+/// parameter or local of that type, or such a field one pointer hop away
+/// (`conn->core`).
+std::string coreInScope(const TuAnalysis &A, const FunctionDecl *Fn,
+                        SourceLocation At) {
+  auto IsCore = [](QualType T) {
+    const auto *P = T->getAs<PointerType>();
+    const RecordDecl *RD = P ? P->getPointeeType()->getAsRecordDecl() : nullptr;
+    return RD && RD->getName() == "regcore";
+  };
+  std::vector<const VarDecl *> Vars(Fn->param_begin(), Fn->param_end());
+  for (const Decl *D : Fn->decls())
+    if (const auto *VD = dyn_cast<VarDecl>(D); VD && !isa<ParmVarDecl>(VD) &&
+        A.sources().isBeforeInTranslationUnit(VD->getLocation(), At))
+      Vars.push_back(VD);
+  for (const VarDecl *VD : Vars)
+    if (IsCore(VD->getType()))
+      return VD->getName().str();
+  for (const VarDecl *VD : Vars) {
+    QualType T = VD->getType();
+    bool Ptr = T->isPointerType();
+    const RecordDecl *RD =
+        Ptr ? T->getPointeeType()->getAsRecordDecl() : T->getAsRecordDecl();
+    if (!RD || !RD->getDefinition())
+      continue;
+    for (const FieldDecl *F : RD->getDefinition()->fields())
+      if (IsCore(F->getType()))
+        return (VD->getName() + (Ptr ? "->" : ".") + F->getName()).str();
+  }
+  return "";
+}
+
+/// The `struct ibv_mr` part of a handle declaration's type, if the type is
+/// written as a plain `struct ibv_mr *` in the user's code.
+std::optional<CharSourceRange> mrTypeRange(const DeclaratorDecl *D,
+                                           const SourceManager &SM) {
+  TypeSourceInfo *TSI = D->getTypeSourceInfo();
+  if (!TSI)
+    return std::nullopt;
+  TypeLoc TL = TSI->getTypeLoc();
+  auto PTL = TL.getAs<PointerTypeLoc>();
+  if (!PTL)
+    return std::nullopt;
+  TypeLoc Pointee = PTL.getPointeeLoc();
+  const RecordDecl *RD = Pointee.getType()->getAsRecordDecl();
+  if (!RD || RD->getName() != "ibv_mr" || Pointee.getType().hasQualifiers())
+    return std::nullopt;
+  SourceRange R = Pointee.getSourceRange();
+  if (R.getBegin().isMacroID() || R.getEnd().isMacroID() ||
+      !SM.isWrittenInMainFile(R.getBegin()))
+    return std::nullopt;
+  return CharSourceRange::getTokenRange(R);
+}
+
+const Stmt *parentSkippingParens(const ParentMap &PM, const Stmt *S) {
+  const Stmt *P = PM.getParent(S);
+  while (P && (isa<ParenExpr>(P) || isa<ImplicitCastExpr>(P)))
+    P = PM.getParent(P);
+  return P;
+}
+
+} // namespace
+
+std::vector<FixItHint> regcoreCacheRewrite(const TuAnalysis &A,
+                                           const ApiCall &Reg, bool &InPlace) {
+  std::vector<FixItHint> Fixes;
+  ASTContext &Ctx = A.context();
+  const SourceManager &SM = A.sources();
+  if (Reg.Model->Name != "ibv_reg_mr" || Reg.Call->getNumArgs() < 4)
+    return {};
+  // `H = ibv_reg_mr(...);` as a statement of its own.
+  const ParentMap &PM = A.flow(Reg.Caller).parents();
+  const auto *Assign =
+      dyn_cast_or_null<BinaryOperator>(parentSkippingParens(PM, Reg.Call));
+  if (!Assign || Assign->getOpcode() != BO_Assign ||
+      !isa_and_nonnull<CompoundStmt>(PM.getParent(Assign)))
+    return {};
+  const Expr *LHS = Assign->getLHS()->IgnoreParenImpCasts();
+  const ValueDecl *Handle = nullptr;
+  if (const auto *DRE = dyn_cast<DeclRefExpr>(LHS))
+    Handle = DRE->getDecl();
+  else if (const auto *ME = dyn_cast<MemberExpr>(LHS))
+    Handle = ME->getMemberDecl();
+  const auto *DD = dyn_cast_or_null<DeclaratorDecl>(Handle);
+  if (!DD || (!isa<FieldDecl>(DD) && !(isa<VarDecl>(DD) &&
+                                        cast<VarDecl>(DD)->isLocalVarDecl())))
+    return {};
+  std::optional<CharSourceRange> TypeRange = mrTypeRange(DD, SM);
+  if (!TypeRange)
+    return {};
+  std::string Core = coreInScope(A, Reg.Caller, Reg.Call->getBeginLoc());
+  if (Core.empty())
+    return {};
+  // `struct ibv_mr *a, *b;` shares one type specifier: leave it alone.
+  if (const auto *VD = dyn_cast<VarDecl>(DD))
+    for (const Decl *Other : VD->getDeclContext()->decls())
+      if (Other != VD && isa<DeclaratorDecl>(Other) &&
+          Other->getBeginLoc() == VD->getBeginLoc())
+        return {};
+  if (const auto *FD = dyn_cast<FieldDecl>(DD))
+    for (const FieldDecl *Other : FD->getParent()->fields())
+      if (Other != FD && Other->getBeginLoc() == FD->getBeginLoc())
+        return {};
+
+  std::string Args[4];
+  for (unsigned I = 0; I < 4; ++I) {
+    Args[I] = sourceText(Ctx, Reg.Call->getArg(I));
+    if (Args[I].empty())
+      return {};
+  }
+  std::string Lhs = sourceText(Ctx, Assign->getLHS());
+  CharSourceRange AssignRange = CharSourceRange::getTokenRange(
+      SM.getExpansionRange(Assign->getBeginLoc()).getBegin(),
+      SM.getExpansionRange(Assign->getEndLoc()).getEnd());
+  if (Lhs.empty() || AssignRange.isInvalid())
+    return {};
+  Fixes.push_back(FixItHint::CreateReplacement(*TypeRange, "struct regcore_mr"));
+  Fixes.push_back(FixItHint::CreateReplacement(
+      AssignRange, "regcore_mr_get(" + Core + ", " + Args[1] + ", " + Args[2] +
+                       ", " + Args[3] + ", &" + Lhs + ")"));
+
+  // Every other use: keys, null tests, clearing, or the deregistration.
+  RefFinder Finder(Handle);
+  Finder.TraverseDecl(Ctx.getTranslationUnitDecl());
+  for (const Expr *Ref : Finder.Refs) {
+    const FunctionDecl *Fn = nullptr;
+    for (const FunctionDecl *F : A.functions())
+      if (F->getBody() && SM.isPointWithin(Ref->getBeginLoc(),
+                                           F->getBody()->getBeginLoc(),
+                                           F->getBody()->getEndLoc()))
+        Fn = F;
+    if (!Fn)
+      return {};
+    // The reference as a whole operand: `req->mr` for the field `mr`.
+    const Stmt *Whole = Ref;
+    const ParentMap &RefPM = A.flow(Fn).parents();
+    const Stmt *P = parentSkippingParens(RefPM, Whole);
+    if (Whole == LHS && P == Assign)
+      continue; // the registration itself
+    if (const auto *ME = dyn_cast_or_null<MemberExpr>(P)) {
+      StringRef Name = ME->getMemberDecl()->getName();
+      if (Name == "lkey" || Name == "rkey" || Name == "addr" || Name == "length")
+        continue;
+      return {};
+    }
+    if (const auto *UO = dyn_cast_or_null<UnaryOperator>(P))
+      if (UO->getOpcode() == UO_LNot)
+        continue;
+    if (const auto *BO = dyn_cast_or_null<BinaryOperator>(P)) {
+      if (BO->isEqualityOp())
+        continue;
+      if (BO->getOpcode() == BO_Assign && BO->getLHS()->IgnoreParenImpCasts() == Ref &&
+          BO->getRHS()->IgnoreParenImpCasts()->isNullPointerConstant(
+              Ctx, Expr::NPC_ValueDependentIsNotNull))
+        continue;
+      return {};
+    }
+    if (isa_and_nonnull<IfStmt>(P) || isa_and_nonnull<WhileStmt>(P))
+      continue;
+    const auto *CE = dyn_cast_or_null<CallExpr>(P);
+    const FunctionModel *M = CE ? A.modelOf(CE) : nullptr;
+    if (!M || M->Name != "ibv_dereg_mr")
+      return {};
+    std::string PutCore = coreInScope(A, Fn, CE->getBeginLoc());
+    CharSourceRange CallRange = CharSourceRange::getTokenRange(
+        SM.getExpansionRange(CE->getBeginLoc()).getBegin(),
+        SM.getExpansionRange(CE->getEndLoc()).getEnd());
+    std::string Arg = sourceText(Ctx, CE->getArg(0));
+    if (PutCore.empty() || Arg.empty())
+      return {};
+    Fixes.push_back(FixItHint::CreateReplacement(
+        CallRange, "regcore_mr_put(" + PutCore + ", " + Arg + ")"));
+  }
+  InPlace = isa<VarDecl>(DD);
+  return Fixes;
+}
+
+} // namespace ulplint
