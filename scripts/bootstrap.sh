@@ -28,6 +28,7 @@ packages=(
   cmake ninja-build ccache python3 python3-jsonschema
   clang-22 lld-22 llvm-22-dev llvm-22-tools libclang-22-dev libclang-cpp22-dev
   clang-tidy-22 libibverbs-dev librdmacm-dev
+  chromium   # the HTML report is tested in headless Chromium
 )
 
 install_packages() {

@@ -46,3 +46,11 @@ config.substitutions.append(("%bindir", obj))
 
 if config.regcore_built:
     config.available_features.add("regcore")
+
+# The report's HTML is checked in a real browser. scripts/bootstrap.sh
+# installs Debian's chromium; without it those tests are unsupported.
+import shutil as _shutil
+_chromium = _shutil.which("chromium") or _shutil.which("chromium-browser")
+if _chromium:
+    config.available_features.add("chromium")
+    config.substitutions.append(("%chromium", _chromium))

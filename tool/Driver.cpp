@@ -344,6 +344,7 @@ static UnitResult analyzeUnit(const CompilationDatabase &DB,
   int Status;
   {
     FactScope Scope(&Result.Facts);
+    SiteScope Sites(Opts.CollectSites ? &Result.Sites : nullptr);
     Status = Tool.run(&Factory);
   }
 

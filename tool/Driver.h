@@ -4,6 +4,7 @@
 #define ULPLINT_TOOL_DRIVER_H
 
 #include "engine/Facts.h"
+#include "engine/Inventory.h"
 #include "clang-tidy/ClangTidyDiagnosticConsumer.h"
 #include "clang-tidy/ClangTidyOptions.h"
 #include "clang/Tooling/CompilationDatabase.h"
@@ -22,6 +23,8 @@ struct RunOptions {
   std::vector<std::string> ExtraArgs, ExtraArgsBefore;
   unsigned Jobs = 1;
   bool Quiet = false;
+  /// Keep the registration sites of each unit (`ulplint report`).
+  bool CollectSites = false;
 };
 
 /// The result of analysing one translation unit.
@@ -32,6 +35,8 @@ struct UnitResult {
   std::vector<std::string> ParseErrors;
   /// Facts for other units, and findings that depend on theirs.
   UnitFacts Facts;
+  /// Registration sites, when RunOptions::CollectSites.
+  SiteSink Sites;
 };
 
 /// Drops the findings whose condition another unit's fact settles.

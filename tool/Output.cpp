@@ -69,6 +69,15 @@ std::string absolutePath(llvm::StringRef Path, llvm::StringRef BuildDir) {
   return std::string(P);
 }
 
+std::string normalizeSpace(llvm::StringRef S) {
+  std::string Out;
+  for (char C : S.trim())
+    if (!llvm::isSpace(C) || (Out.size() && Out.back() != ' '))
+      Out += llvm::isSpace(C) ? ' ' : C;
+  return Out;
+}
+} // namespace
+
 std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root) {
   if (Root.empty())
     return Path.str();
@@ -80,15 +89,6 @@ std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root) {
     return Path.drop_front(R.size()).str();
   return Path.str();
 }
-
-std::string normalizeSpace(llvm::StringRef S) {
-  std::string Out;
-  for (char C : S.trim())
-    if (!llvm::isSpace(C) || (Out.size() && Out.back() != ' '))
-      Out += llvm::isSpace(C) ? ' ' : C;
-  return Out;
-}
-} // namespace
 
 std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units) {
   std::vector<Finding> Out;

@@ -18,6 +18,9 @@ struct Finding {
   std::string Fingerprint;
 };
 
+/// \p Path relative to \p Root when it lies below it, else unchanged.
+std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root);
+
 /// Positions and fingerprints for every finding, deduplicated, in input
 /// order.
 std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units);

@@ -8,6 +8,7 @@
 
 #include "Driver.h"
 #include "Output.h"
+#include "Report.h"
 #include "engine/Rules.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/CommandLine.h"
@@ -89,6 +90,8 @@ const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol 
                                       when no file is named)
   ulplint file.c -- <compiler flags>  analyse one file without a database
   ulplint --list-checks | --explain rdma-<check>
+  ulplint report -p BUILD_DIR -o report.html|report.md
+                                      migration report (see report --help)
 
 Exit status: 0 no findings, 1 findings, 2 usage or input errors.
 )";
@@ -210,6 +213,8 @@ int main(int argc, const char **argv) {
     errs() << ErrStream.str();
     return 2;
   }
+  if (ReportCommand)
+    return runReport();
   if (ListChecks)
     return listChecks();
   if (!Explain.empty())

@@ -8,7 +8,9 @@
 #include "clang/AST/ParentMap.h"
 #include "clang/AST/RecursiveASTVisitor.h"
 #include "clang/AST/TypeLoc.h"
+#include "clang/Basic/FileManager.h"
 #include "clang/Lex/Lexer.h"
+#include "llvm/Support/Path.h"
 
 using namespace clang;
 
@@ -88,6 +90,22 @@ static bool isCoreSite(Effect E) {
          E == Effect::RwMaxSendWr || E == Effect::RwMrFactor;
 }
 
+/// `ib_mr_pool_init(qp, &qp->rdma_mrs, ...)` in a unit that uses rdma_rw:
+/// the MRs rdma_rw itself takes on iWARP (ksmbd sets the pool up by hand).
+static bool feedsRdmaRw(const TuAnalysis &A, const ApiCall &C) {
+  if (C.Model->E != Effect::MrPoolInit && C.Model->E != Effect::MrPoolDestroy)
+    return false;
+  const auto *Pool = dyn_cast_or_null<UnaryOperator>(
+      C.arg("pool") ? C.arg("pool")->IgnoreParenImpCasts() : nullptr);
+  const auto *ME = Pool ? dyn_cast<MemberExpr>(Pool->getSubExpr()->IgnoreParens())
+                        : nullptr;
+  if (!ME || ME->getMemberDecl()->getName() != "rdma_mrs")
+    return false;
+  return llvm::any_of(A.calls(), [](const ApiCall &Other) {
+    return Other.Model->E == Effect::RwInit;
+  });
+}
+
 void Inventory::collectCalls() {
   for (const ApiCall &C : A.calls()) {
     RegistrationSite S;
@@ -95,8 +113,8 @@ void Inventory::collectCalls() {
     S.Fn = C.Caller;
     S.Api = C.Model->Name;
     S.Call = &C;
-    if (C.Model->CoreManaged) {
-      if (!isCoreSite(C.Model->E))
+    if (C.Model->CoreManaged || feedsRdmaRw(A, C)) {
+      if (!isCoreSite(C.Model->E) && !feedsRdmaRw(A, C))
         continue;
       S.Kind = SiteKind::CoreManaged;
       add(std::move(S));
@@ -133,11 +151,36 @@ static bool registrationExposes(const TuAnalysis &A, const ApiCall &C) {
   return !Result || rkeyMayLeave(A, *Result, C.Caller);
 }
 
+/// The registration or allocation whose handle \p C works on (the MR a
+/// dereg, pool put or map takes), if this unit makes it.
+const ApiCall *Inventory::producerOf(const ApiCall &C) const {
+  const Expr *Handle = C.arg("mr");
+  std::optional<Location> L = Handle ? locationOf(Handle) : std::nullopt;
+  if (!L)
+    return nullptr;
+  std::string Slot = slotOf(A, *L, C.Caller);
+  for (const ApiCall &P : A.calls()) {
+    Effect E = P.Model->E;
+    if (E != Effect::MrRegister && E != Effect::MrAlloc &&
+        E != Effect::MrPoolGet && E != Effect::MwAlloc)
+      continue;
+    if (std::optional<Location> R = A.resultOf(P.Call))
+      if (slotOf(A, *R, P.Caller) == Slot)
+        return &P;
+  }
+  return nullptr;
+}
+
 SiteRole Inventory::roleOf(const ApiCall &C) const {
+  Effect E = C.Model->E;
+  if (E == Effect::MrDeregister || E == Effect::MrPoolPut ||
+      E == Effect::MrMap || E == Effect::MrReregister)
+    if (const ApiCall *P = producerOf(C); P && P != &C)
+      return roleOf(*P);
   if (C.Model->E == Effect::MwAlloc || C.Model->E == Effect::MwBind ||
       C.Model->E == Effect::MwDealloc)
     return SiteRole::Expose;
-  if (C.Model->E == Effect::MrRegister || C.Model->E == Effect::MrReregister) {
+  if (C.Model->E == Effect::MrRegister) {
     if (registrationExposes(A, C))
       return SiteRole::Expose;
     return addressesRdma(C) ? SiteRole::DataTransfer : SiteRole::Local;
@@ -207,11 +250,13 @@ void Inventory::collectQueues() {
     if (It == Q.Caps.end() || !It->second)
       continue;
     RegistrationSite S;
-    S.Kind = SiteKind::QueueSizing;
+    // With cap.max_rdma_ctxs the core adds the room its contexts need.
+    S.Kind = Q.Caps.count("max_rdma_ctxs") ? SiteKind::CoreManaged
+                                           : SiteKind::QueueSizing;
     S.Loc = It->second->Spelling ? It->second->Spelling->getBeginLoc()
                                  : Q.Call->Call->getBeginLoc();
     S.Fn = It->second->Fn;
-    S.Api = "max_send_wr";
+    S.Api = S.Kind == SiteKind::CoreManaged ? "cap.max_rdma_ctxs" : "max_send_wr";
     add(std::move(S));
   }
 }
@@ -346,7 +391,10 @@ void Inventory::exportSites() const {
     R.Api = S.Api;
     R.Target = replacement(S);
     R.Function = S.Fn ? S.Fn->getNameAsString() : "";
-    R.File = SM.getFilename(At).str();
+    SmallString<256> Path(SM.getFilename(At));
+    SM.getFileManager().makeAbsolutePath(Path);
+    llvm::sys::path::remove_dots(Path, true);
+    R.File = std::string(Path);
     R.Line = SM.getExpansionLineNumber(At);
     R.Column = SM.getExpansionColumnNumber(At);
     R.Datapath = S.Datapath;

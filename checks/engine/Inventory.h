@@ -78,6 +78,7 @@ private:
   void collectRemoteInvalidations();
   void findDatapath();
   SiteRole roleOf(const ApiCall &C) const;
+  const ApiCall *producerOf(const ApiCall &C) const;
   SiteRole unitRole() const;
   bool addressesRdma(const ApiCall &C) const;
   void add(RegistrationSite S);

@@ -52,6 +52,7 @@ struct RawCatalog {
 LLVM_YAML_IS_SEQUENCE_VECTOR(ulplint::RawFunction)
 LLVM_YAML_IS_SEQUENCE_VECTOR(ulplint::RawStruct)
 LLVM_YAML_IS_SEQUENCE_VECTOR(ulplint::RuleInfo)
+LLVM_YAML_IS_SEQUENCE_VECTOR(ulplint::UlpPattern)
 
 namespace llvm::yaml {
 using namespace ulplint;
@@ -118,6 +119,19 @@ template <> struct MappingTraits<RuleInfo> {
 template <> struct MappingTraits<RawCatalog> {
   static void mapping(IO &Io, RawCatalog &C) {
     Io.mapRequired("checks", C.Checks);
+  }
+};
+template <> struct MappingTraits<UlpPattern> {
+  static void mapping(IO &Io, UlpPattern &U) {
+    Io.mapRequired("name", U.Name);
+    Io.mapRequired("path", U.Path);
+  }
+};
+template <> struct MappingTraits<UlpMap> {
+  static void mapping(IO &Io, UlpMap &M) {
+    Io.mapOptional("ulps", M.Ulps);
+    Io.mapOptional("effort", M.Effort);
+    Io.mapOptional("effort_scale", M.EffortScale);
   }
 };
 template <> struct MappingTraits<CompileFlagRules> {
@@ -335,6 +349,8 @@ Rules::parse(llvm::ArrayRef<std::pair<std::string, std::string>> NamedFiles) {
         R->Catalog.push_back(std::move(Info));
     } else if (Name.ends_with("compile-flags.yaml")) {
       E = B.read(Text, R->Flags);
+    } else if (Name.ends_with("ulps.yaml")) {
+      E = B.read(Text, R->Ulps);
     } else {
       E = B.addDomainFile(Text);
     }
@@ -342,6 +358,17 @@ Rules::parse(llvm::ArrayRef<std::pair<std::string, std::string>> NamedFiles) {
       return std::move(E);
   }
   return std::move(R);
+}
+
+llvm::Expected<std::vector<UlpPattern>>
+Rules::parseUlpList(llvm::StringRef Text) {
+  std::vector<UlpPattern> Out;
+  llvm::yaml::Input In(Text);
+  In >> Out;
+  if (In.error())
+    return llvm::createStringError(In.error(),
+                                   "expected a YAML list of {name, path}");
+  return Out;
 }
 
 const Rules &Rules::embedded() {

@@ -144,6 +144,17 @@ struct CompileFlagRules {
 };
 
 /// The parsed rules/ directory. Immutable and shared by all threads.
+/// A ULP the migration report names (rules/ulps.yaml).
+struct UlpPattern {
+  std::string Name;
+  std::string Path; // extended regex on the path relative to the source root
+};
+struct UlpMap {
+  std::vector<UlpPattern> Ulps;
+  std::map<std::string, unsigned> Effort; // site kind -> points
+  std::map<std::string, unsigned> EffortScale; // small, medium
+};
+
 class Rules {
 public:
   /// The rules embedded at build time. Aborts with a message if the embedded
@@ -153,6 +164,10 @@ public:
   /// malformed input.
   static llvm::Expected<std::unique_ptr<Rules>>
   parse(llvm::ArrayRef<std::pair<std::string, std::string>> NamedFiles);
+
+  /// A YAML list of {name, path} ULP patterns (`ulplint report --ulp-map`).
+  static llvm::Expected<std::vector<UlpPattern>>
+  parseUlpList(llvm::StringRef Text);
 
   const FunctionModel *function(llvm::StringRef Name) const;
   const StructModel *structure(llvm::StringRef RecordName) const;
@@ -171,6 +186,7 @@ public:
   const std::vector<RuleInfo> &catalog() const { return Catalog; }
   const RuleInfo *rule(llvm::StringRef CheckName) const;
   const CompileFlagRules &compileFlags() const { return Flags; }
+  const UlpMap &ulps() const { return Ulps; }
   const std::vector<FunctionModel> &functions() const { return Functions; }
 
 private:
@@ -183,6 +199,7 @@ private:
   llvm::StringMap<std::pair<std::string, std::string>> FlagIndex;
   std::vector<RuleInfo> Catalog;
   CompileFlagRules Flags;
+  UlpMap Ulps;
 
   friend struct RulesBuilder;
 };
