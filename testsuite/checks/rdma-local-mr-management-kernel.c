@@ -21,6 +21,7 @@ struct demo_queue {
 	u32 port;
 	int depth;
 	struct ib_mr *spare;
+	struct list_head fr_mrs; /* the initiator's own fast-registration MRs */
 };
 
 struct demo_req {
@@ -40,7 +41,7 @@ static int demo_init_queue(struct demo_queue *q)
 	// CHECK-MESSAGES: :[[@LINE-1]]:13: warning: 'ib_alloc_mr' allocates a memory region to give the peer a key to local memory; the ULP manages registration itself; use ib_mr_pool_get/put with IB_WR_REG_MR, the closest existing API (no core API exposes memory to a peer yet; regcore's remote-registration context, docs/regcore.md, is the proposed one) [rdma-local-mr-management]
 	if (IS_ERR(q->spare))
 		return PTR_ERR(q->spare);
-	return ib_mr_pool_init(q->qp, &q->qp->rdma_mrs, q->depth,
+	return ib_mr_pool_init(q->qp, &q->fr_mrs, q->depth,
 	// CHECK-MESSAGES: :[[@LINE-1]]:9: warning: 'ib_mr_pool_init' builds a pool of memory regions to give the peer a key to local memory
 			       IB_MR_TYPE_MEM_REG, 16, 0);
 }
@@ -51,14 +52,14 @@ static int demo_map_data(struct demo_queue *q, struct demo_req *req)
 {
 	int n;
 
-	req->mr = ib_mr_pool_get(q->qp, &q->qp->rdma_mrs);
+	req->mr = ib_mr_pool_get(q->qp, &q->fr_mrs);
 	// CHECK-MESSAGES: :[[@LINE-1]]:12: warning: 'ib_mr_pool_get' takes a memory region from its pool to give the peer a key to local memory
 	if (!req->mr)
 		return -EAGAIN;
 	n = ib_map_mr_sg(req->mr, req->sg, req->nents, NULL, 4096);
 	// CHECK-MESSAGES: :[[@LINE-1]]:6: warning: 'ib_map_mr_sg' maps pages into a memory region to give the peer a key to local memory
 	if (n < req->nents) {
-		ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, req->mr);
+		ib_mr_pool_put(q->qp, &q->fr_mrs, req->mr);
 		// CHECK-MESSAGES: :[[@LINE-1]]:3: warning: 'ib_mr_pool_put' puts a memory region back into its pool to give the peer a key to local memory
 		return -EINVAL;
 	}
@@ -77,12 +78,20 @@ static int demo_map_data(struct demo_queue *q, struct demo_req *req)
 
 static void demo_free_queue(struct demo_queue *q)
 {
-	ib_mr_pool_destroy(q->qp, &q->qp->rdma_mrs);
+	ib_mr_pool_destroy(q->qp, &q->fr_mrs);
 	ib_dereg_mr(q->spare);
 	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_dereg_mr' deregisters a memory region to give the peer a key to local memory
 }
 
-/* Target side on rdma_rw: already core-managed, not reported. */
+/* Target side on rdma_rw: already core-managed, not reported; neither is
+ * the pool of MRs rdma_rw itself takes on iWARP, which some ULPs set up by
+ * hand (ksmbd). */
+static int demo_target_qp_setup(struct demo_queue *q)
+{
+	return ib_mr_pool_init(q->qp, &q->qp->rdma_mrs, q->depth,
+			       IB_MR_TYPE_MEM_REG, 16, 0);
+}
+
 struct demo_rsp {
 	struct rdma_rw_ctx rw;
 	struct ib_cqe cqe;
