@@ -48,6 +48,39 @@ static bool registersLazily(const TuAnalysis &A, const ApiCall &C) {
   return false;
 }
 
+/// Is \p T a pointer to a connection-lifetime object (QP, CQ, PD, ...)?
+static bool isConnectionType(const TuAnalysis &A, QualType T) {
+  const auto *P = T->getAs<PointerType>();
+  const RecordDecl *RD = P ? P->getPointeeType()->getAsRecordDecl() : nullptr;
+  if (!RD)
+    return false;
+  const auto &Names = A.rules().domain(A.domain()).ConnectionTypes;
+  return llvm::is_contained(Names, RD->getName());
+}
+
+/// The MR handle lives as long as a connection: in a global, or in a struct
+/// that also holds the connection's QP, CQ or PD (`conn->login_mr`,
+/// `dev->mr`). Registering it happens once per connection even when the
+/// code that does it is reached from the completion path.
+static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
+  const Expr *Handle = C.Model->E == Effect::MrDeregister ? C.arg("mr") : nullptr;
+  std::optional<Location> L =
+      Handle ? locationOf(Handle) : A.resultOf(C.Call);
+  if (!L)
+    return false;
+  Location R = A.flow(C.Caller).resolve(*L);
+  if (R.Steps.empty()) {
+    const auto *VD = dyn_cast_or_null<VarDecl>(R.Root);
+    return VD && VD->hasGlobalStorage();
+  }
+  const FieldDecl *Last = R.Steps.back().Field;
+  if (!Last)
+    return false; // an array element: one of many, per request
+  return llvm::any_of(Last->getParent()->fields(), [&](const FieldDecl *F) {
+    return isConnectionType(A, F->getType());
+  });
+}
+
 static std::string cost(const TuAnalysis &A, Effect E) {
   if (A.domain() == Domain::Kernel)
     return E == Effect::MrDeregister
@@ -65,7 +98,7 @@ void RegistrationInDatapathCheck::run(const TuAnalysis &A) {
   const Inventory &Inv = Inventory::of(A);
   for (const RegistrationSite &S : Inv.sites()) {
     if (!S.Call || !S.Datapath || !isPerIoCall(S.Call->Model->E) ||
-        registersLazily(A, *S.Call))
+        registersLazily(A, *S.Call) || heldPerConnection(A, *S.Call))
       continue;
     const DatapathReason *Why = Inv.datapath(S.Fn);
     bool InPlace = false;

@@ -39,6 +39,7 @@ struct RawDomainFile {
   std::vector<std::string> IbConstants;
   std::map<std::string, int64_t> PortableCaps;
   std::map<std::string, std::string> Migration;
+  std::vector<std::string> ConnectionTypes;
   std::vector<RawStruct> Structs;
   std::vector<RawFunction> Functions;
 };
@@ -96,6 +97,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("ib_constants", D.IbConstants);
     Io.mapOptional("portable_caps", D.PortableCaps);
     Io.mapOptional("migration", D.Migration);
+    Io.mapOptional("connection_types", D.ConnectionTypes);
     Io.mapOptional("structs", D.Structs);
     Io.mapRequired("functions", D.Functions);
   }
@@ -281,6 +283,7 @@ struct RulesBuilder {
     DM.IbConstants = Raw.IbConstants;
     DM.PortableCaps = Raw.PortableCaps;
     DM.Migration = Raw.Migration;
+    DM.ConnectionTypes = Raw.ConnectionTypes;
     for (auto &[Family, Flags] : Raw.Flags)
       for (auto &[Flag, Enumerator] : Flags)
         R.FlagIndex[Enumerator] = {Family, Flag};

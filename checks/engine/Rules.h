@@ -124,6 +124,8 @@ struct DomainModel {
   /// expose, data_transfer, local, queue_sizing, remote_invalidation,
   /// datapath_registration (see rules/api/*.yaml, `migration`).
   std::map<std::string, std::string> Migration;
+  /// Record names of connection-lifetime objects (QP, CQ, PD, cm_id, ...).
+  std::vector<std::string> ConnectionTypes;
 };
 
 struct RuleInfo {

@@ -172,3 +172,27 @@ int ulp_send_via_cache(struct ulp_conn *c, void *buf, size_t len)
   regcore_mr_put(c->core, mr);
   return ret;
 }
+
+/* The login buffer belongs to the connection (the struct holds its QP):
+ * it is freed once, when the login phase ends, even though a completion
+ * triggers that. */
+struct ulp_login_conn {
+  struct ibv_qp *qp;
+  struct ibv_mr *login_mr;
+  int full_feature;
+};
+
+static void ulp_free_login(struct ulp_login_conn *lc)
+{
+  if (lc->login_mr)
+    ibv_dereg_mr(lc->login_mr);
+  lc->login_mr = NULL;
+}
+
+void ulp_login_wc(struct ulp_login_conn *lc, struct ibv_wc *wc)
+{
+  if (wc->opcode == IBV_WC_RECV && !lc->full_feature) {
+    lc->full_feature = 1;
+    ulp_free_login(lc);
+  }
+}
