@@ -7,7 +7,19 @@
 # clang-tidy-22 exports them to the modules it loads.
 list(APPEND CMAKE_PREFIX_PATH /usr/lib/llvm-22)
 find_package(LLVM 22.1 REQUIRED CONFIG)
+# Debian's exported clangd targets (remote index) name gRPC::grpc++ and
+# protobuf::libprotobuf: define them before Clang's targets are imported.
+find_package(Protobuf QUIET)
+find_package(gRPC CONFIG QUIET)
 find_package(Clang 22.1 REQUIRED CONFIG)
+if(TARGET clangdMain AND TARGET gRPC::grpc++ AND TARGET protobuf::libprotobuf)
+  set(_ulplint_clangd_default ON)
+else()
+  set(_ulplint_clangd_default OFF)
+  message(STATUS "ulplint: no clangd libraries or gRPC/protobuf: ulplint-clangd is not built")
+endif()
+option(ULPLINT_BUILD_CLANGD "Build ulplint-clangd (clangd with the rdma checks)"
+  ${_ulplint_clangd_default})
 message(STATUS "ulplint: LLVM ${LLVM_PACKAGE_VERSION} at ${LLVM_INSTALL_PREFIX}")
 
 set(ULPLINT_LLVM_LIBDIR ${LLVM_LIBRARY_DIR})

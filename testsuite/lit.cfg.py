@@ -8,7 +8,7 @@ import lit.formats
 config.name = "ulplint"
 config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".c", ".cpp", ".test"]
-config.excludes = ["Inputs", "example", "bench", "check_ulplint.py", "expect_exit.py", "validate_json.py"]
+config.excludes = ["Inputs", "example", "bench", "check_ulplint.py", "expect_exit.py", "validate_json.py", "lsp"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.ulplint_obj_root, "testsuite")
 
@@ -46,6 +46,12 @@ config.substitutions.append(("%bindir", obj))
 
 if config.regcore_built:
     config.available_features.add("regcore")
+
+# ulplint-clangd, driven over LSP by testsuite/lsp/lsp_client.py.
+if getattr(config, "clangd_built", False):
+    config.available_features.add("clangd")
+    config.substitutions.append(("%lsp_server", os.path.join(obj, "tool", "ulplint-clangd")))
+    config.substitutions.append(("%lsp_client", "%s %s" % (python, os.path.join(src, "testsuite", "lsp", "lsp_client.py"))))
 
 # The report's HTML is checked in a real browser. scripts/bootstrap.sh
 # installs Debian's chromium; without it those tests are unsupported.

@@ -232,6 +232,12 @@ llvm::Error verifyConfiguration(const RunOptions &Opts,
         llvm::StringRef Key = Option.getKey();
         if (Key.starts_with("rdma-") && !All.Options.contains(Key))
           return inputError("unknown option '" + Key + "' in " + Source);
+        if (Key == "ApiWrappers" || Key.ends_with(".ApiWrappers"))
+          if (auto Parsed = parseApiWrappers(Option.getValue().Value,
+                                             Rules::embedded());
+              !Parsed)
+            return inputError(llvm::toString(Parsed.takeError()) + " in " +
+                              Source);
       }
     }
   }

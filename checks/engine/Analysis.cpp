@@ -29,7 +29,7 @@ void dropFromCache(void *Ctx) {
 }
 } // namespace
 
-TuAnalysis &TuAnalysis::get(ASTContext &Ctx) {
+TuAnalysis &TuAnalysis::get(ASTContext &Ctx, StringRef Wrappers) {
   {
     std::lock_guard<std::mutex> Lock(CacheMutex);
     auto It = cache().find(&Ctx);
@@ -37,7 +37,7 @@ TuAnalysis &TuAnalysis::get(ASTContext &Ctx) {
       return *It->second;
   }
   // Built outside the lock: one ASTContext belongs to one thread.
-  auto A = std::make_unique<TuAnalysis>(Ctx);
+  auto A = std::make_unique<TuAnalysis>(Ctx, Wrappers);
   TuAnalysis &Ref = *A;
   {
     std::lock_guard<std::mutex> Lock(CacheMutex);
@@ -49,9 +49,40 @@ TuAnalysis &TuAnalysis::get(ASTContext &Ctx) {
 
 //===-- Construction ------------------------------------------------------===//
 
-TuAnalysis::TuAnalysis(ASTContext &Ctx) : Ctx(Ctx), R(Rules::embedded()) {
-  auto Kernel = Ctx.Idents.find("__KERNEL__");
-  if (Kernel != Ctx.Idents.end() && Kernel->getValue()->hasMacroDefinition())
+llvm::Expected<llvm::StringMap<const FunctionModel *>>
+parseApiWrappers(StringRef Spec, const Rules &R) {
+  llvm::StringMap<const FunctionModel *> Out;
+  SmallVector<StringRef, 8> Entries;
+  Spec.split(Entries, ';', -1, /*KeepEmpty=*/false);
+  for (StringRef Entry : Entries) {
+    auto [Wrapper, Modelled] = Entry.split('=');
+    Wrapper = Wrapper.trim();
+    Modelled = Modelled.trim();
+    if (Wrapper.empty() || Modelled.empty())
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "ApiWrappers: expected 'wrapper=function' "
+                                     "entries separated by ';', got '" +
+                                         Entry.trim() + "'");
+    const FunctionModel *M = R.function(Modelled);
+    if (!M)
+      return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                     "ApiWrappers: '" + Modelled +
+                                         "' is not a modelled API function "
+                                         "(rules/api/*.yaml)");
+    Out[Wrapper] = M;
+  }
+  return Out;
+}
+
+TuAnalysis::TuAnalysis(ASTContext &Ctx, StringRef WrapperSpec)
+    : Ctx(Ctx), R(Rules::embedded()) {
+  if (auto Parsed = parseApiWrappers(WrapperSpec, R))
+    Wrappers = std::move(*Parsed);
+  else
+    llvm::consumeError(Parsed.takeError()); // reported by the checks
+  // get(), not find(): with a precompiled preamble (clangd) identifiers of
+  // the headers are loaded on demand.
+  if (Ctx.Idents.get("__KERNEL__").hasMacroDefinition())
     TuDomain = Domain::Kernel;
   collect();
 }
@@ -226,12 +257,27 @@ void TuAnalysis::exportFact(StringRef Fact) const {
 std::optional<int64_t> TuAnalysis::enumValue(StringRef Name) const {
   if (Name.empty())
     return std::nullopt;
-  auto It = Ctx.Idents.find(Name);
-  if (It == Ctx.Idents.end())
-    return std::nullopt;
-  for (const NamedDecl *ND : Ctx.getTranslationUnitDecl()->lookup(It->getValue()))
+  IdentifierInfo &II = Ctx.Idents.get(Name); // loads it from a preamble
+  for (const NamedDecl *ND : Ctx.getTranslationUnitDecl()->lookup(&II))
     if (const auto *ECD = dyn_cast<EnumConstantDecl>(ND))
       return ECD->getInitVal().getExtValue();
+  // C units with a precompiled preamble (clangd) have no lookup table for
+  // the headers' enumerators: index the top-level enums once.
+  if (!EnumsIndexed) {
+    EnumsIndexed = true;
+    for (const Decl *D : Ctx.getTranslationUnitDecl()->decls())
+      if (const auto *ED = dyn_cast<EnumDecl>(D))
+        for (const EnumConstantDecl *ECD : ED->enumerators())
+          Enumerators.try_emplace(ECD->getName(), ECD->getInitVal().getExtValue());
+      else if (const auto *TD = dyn_cast<TypedefNameDecl>(D))
+        if (const auto *ET = TD->getUnderlyingType()->getAs<EnumType>())
+          if (const EnumDecl *Def = ET->getDecl()->getDefinition())
+            for (const EnumConstantDecl *ECD : Def->enumerators())
+              Enumerators.try_emplace(ECD->getName(), ECD->getInitVal().getExtValue());
+  }
+  auto It = Enumerators.find(Name);
+  if (It != Enumerators.end())
+    return It->second;
   return std::nullopt;
 }
 
@@ -335,6 +381,9 @@ const FunctionModel *TuAnalysis::modelOf(const CallExpr *CE) const {
   const FunctionDecl *Callee = CE->getDirectCallee();
   if (!Callee || !Callee->getIdentifier())
     return nullptr;
+  if (!Wrappers.empty())
+    if (auto It = Wrappers.find(Callee->getName()); It != Wrappers.end())
+      return It->second;
   return R.function(Callee->getName());
 }
 

@@ -57,10 +57,11 @@ struct FieldStore {
 class TuAnalysis {
 public:
   /// The analysis of \p Ctx's translation unit, built on first use and freed
-  /// with the ASTContext.
-  static TuAnalysis &get(clang::ASTContext &Ctx);
+  /// with the ASTContext. \p Wrappers is the ApiWrappers option (see
+  /// parseApiWrappers); the first check of the unit decides it.
+  static TuAnalysis &get(clang::ASTContext &Ctx, llvm::StringRef Wrappers = "");
 
-  explicit TuAnalysis(clang::ASTContext &Ctx);
+  explicit TuAnalysis(clang::ASTContext &Ctx, llvm::StringRef Wrappers = "");
   ~TuAnalysis();
 
   clang::ASTContext &context() const { return Ctx; }
@@ -182,8 +183,17 @@ private:
       DirectCalls;
   mutable llvm::DenseMap<const void *, std::shared_ptr<void>> Derived;
   const clang::Stmt *IWarpGuard = nullptr;
+  llvm::StringMap<const FunctionModel *> Wrappers;
+  mutable bool EnumsIndexed = false;
+  mutable llvm::StringMap<int64_t> Enumerators;
   llvm::DenseMap<const clang::CallExpr *, const clang::FunctionDecl *> CallerOf;
 };
+
+/// Parses the ApiWrappers option, `wrapper=modelled;...`: calls to a
+/// project's own `wrapper` (same arguments) count as calls to the modelled
+/// API function, e.g. `ulp_post_send=ib_post_send;ulp_get_mr=ib_mr_pool_get`.
+llvm::Expected<llvm::StringMap<const FunctionModel *>>
+parseApiWrappers(llvm::StringRef Spec, const Rules &R);
 
 /// The source location a diagnostic about \p E should use: where the user
 /// wrote it, even when \p E comes out of a macro from a system header.

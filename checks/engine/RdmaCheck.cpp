@@ -19,10 +19,15 @@ static constexpr llvm::StringLiteral DefaultCoreFiles =
 RdmaCheck::RdmaCheck(StringRef Name, tidy::ClangTidyContext *Context)
     : ClangTidyCheck(Name, Context),
       CoreFiles(Options.getLocalOrGlobal("CoreFiles", DefaultCoreFiles)),
-      CoreFilesRegex(CoreFiles) {}
+      CoreFilesRegex(CoreFiles),
+      ApiWrappers(Options.getLocalOrGlobal("ApiWrappers", "")) {
+  if (auto Parsed = parseApiWrappers(ApiWrappers, Rules::embedded()); !Parsed)
+    configurationDiag(llvm::toString(Parsed.takeError()));
+}
 
 void RdmaCheck::storeOptions(tidy::ClangTidyOptions::OptionMap &Opts) {
   Options.store(Opts, "CoreFiles", CoreFiles);
+  Options.store(Opts, "ApiWrappers", ApiWrappers);
 }
 
 void RdmaCheck::registerMatchers(MatchFinder *Finder) {
@@ -37,7 +42,7 @@ void RdmaCheck::check(const MatchFinder::MatchResult &Result) {
       if (CoreFilesRegex.match(Main->getName()))
         return;
   }
-  run(TuAnalysis::get(Ctx));
+  run(TuAnalysis::get(Ctx, ApiWrappers));
 }
 
 DiagnosticBuilder RdmaCheck::report(const TuAnalysis &A, SourceLocation Loc,

@@ -51,6 +51,7 @@ protected:
 private:
   std::string CoreFiles;
   llvm::Regex CoreFilesRegex;
+  std::string ApiWrappers;
 };
 
 /// `Flag | <expr>` insertion text that keeps precedence right.
