@@ -310,7 +310,7 @@ void writeHtml(raw_ostream &OS, ArrayRef<Ulp> Ulps, const ReportOptions &Opts,
      << "body{font-family:sans-serif;margin:2em;max-width:1200px;color:#222}\n"
      << "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
         "padding:3px 6px;text-align:left;vertical-align:top}th{background:#f3f3f3}\n"
-     << "td.n{text-align:right}.excerpt{background:#f8f8f8;border:1px solid #ddd;"
+     << "table.summary{font-size:88%}td.n{text-align:right}.excerpt{background:#f8f8f8;border:1px solid #ddd;"
         "padding:4px;overflow-x:auto}mark{background:#fff3a0}\n"
      << ".chart text{font-size:12px;font-family:sans-serif}\n"
      << ".hand-managed{color:#b00}.partly{color:#a60}.core-managed{color:#070}\n"
