@@ -158,7 +158,8 @@ static llvm::Expected<ShardOutput> readShardOutput(llvm::StringRef Path) {
     std::optional<int64_t> Index = O ? O->getInteger("index") : std::nullopt;
     const json::Value *Result = O ? O->get("result") : nullptr;
     UnitResult U;
-    json::Path::Root R("shard.units[" + std::to_string(I) + "].result");
+    std::string Where = "shard.units[" + std::to_string(I) + "].result";
+    json::Path::Root R(Where); // keeps a reference to Where
     if (!Index || *Index < 0 || *Index >= *Total || !Result)
       return Fail("malformed unit " + llvm::Twine(I) + " in the shard section");
     if (!unitFromJson(*Result, U, R))
