@@ -61,8 +61,9 @@ cl::opt<std::string> OutputFile("o", cl::desc("Write findings to this file"),
                                 cl::value_desc("file"), cl::cat(Category));
 cl::opt<std::string> SourceRoot(
     "source-root",
-    cl::desc("Root that file names in JSON and SARIF are relative to "
-             "(default: the current directory)"),
+    cl::desc("Root that file names in JSON and SARIF, fingerprints, "
+             "--include/--exclude and --shard are relative to (default: the "
+             "current directory)"),
     cl::cat(Category));
 cl::opt<bool> Fix("fix", cl::desc("Apply the fix-its of the findings in place"),
                   cl::cat(Category));
