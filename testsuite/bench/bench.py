@@ -55,16 +55,18 @@ def print_commands(ulplint, db):
 
 def clang_pass(clang, commands):
     """clang -fsyntax-only on every unit with ulplint's command."""
-    cpu, wall, peaks, failed = 0.0, 0.0, {}, []
+    cpu, wall, peaks, unit_cpu, failed = 0.0, 0.0, {}, {}, []
     for unit in commands:
         argv = [clang] + unit["arguments"][1:]
         rc, w, c, rss, err = run_measured(argv, cwd=unit["directory"])
         cpu += c
         wall += w
         peaks[unit["file"]] = rss
+        unit_cpu[unit["file"]] = c
         if rc != 0:
             failed.append(unit["file"])
-    return {"cpu_s": cpu, "wall_s": wall, "unit_peak_rss_mib": peaks,
+    return {"cpu_s": cpu, "wall_s": wall, "unit_cpu_s": unit_cpu,
+            "unit_peak_rss_mib": peaks,
             "max_unit_peak_rss_mib": max(peaks.values()), "failed": failed}
 
 
