@@ -34,6 +34,15 @@ static int LLVM_ATTRIBUTE_UNUSED ModuleAnchor = UlplintRdmaModuleAnchorSource;
 namespace {
 cl::OptionCategory Category("ulplint options");
 
+cl::SubCommand MergeCommand(
+    "merge", "Join shard outputs (--shard, JSON or SARIF) into the result of "
+             "one run over the whole database");
+/// Options of both the analysis and `merge`.
+#define ULPLINT_SHARED cl::sub(cl::SubCommand::getTopLevel()), cl::sub(MergeCommand)
+
+cl::list<std::string> ShardOutputs(cl::Positional,
+                                   cl::desc("<shard output> ..."),
+                                   cl::sub(MergeCommand), cl::cat(Category));
 cl::list<std::string> Sources(cl::Positional, cl::desc("[<source> ...]"),
                               cl::cat(Category));
 cl::opt<std::string> BuildPath(
@@ -56,15 +65,16 @@ cl::opt<unsigned> Jobs("j", cl::desc("Translation units analysed in parallel "
                        cl::Prefix, cl::init(0), cl::cat(Category));
 cl::opt<std::string> Format("format",
                             cl::desc("Output format: text, json or sarif"),
-                            cl::init("text"), cl::cat(Category));
+                            cl::init("text"), ULPLINT_SHARED, cl::cat(Category));
 cl::opt<std::string> OutputFile("o", cl::desc("Write findings to this file"),
-                                cl::value_desc("file"), cl::cat(Category));
+                                cl::value_desc("file"), ULPLINT_SHARED,
+                                cl::cat(Category));
 cl::opt<std::string> SourceRoot(
     "source-root",
     cl::desc("Root that file names in JSON and SARIF, fingerprints, "
              "--include/--exclude and --shard are relative to (default: the "
              "current directory)"),
-    cl::cat(Category));
+    ULPLINT_SHARED, cl::cat(Category));
 cl::opt<bool> Fix("fix", cl::desc("Apply the fix-its of the findings in place"),
                   cl::cat(Category));
 cl::opt<bool> FixNotes("fix-notes",
@@ -88,7 +98,7 @@ cl::opt<std::string> Explain("explain",
                              cl::desc("Explain a check: rationale and fix guidance"),
                              cl::value_desc("check"), cl::cat(Category));
 cl::opt<bool> Quiet("quiet", cl::desc("No progress or summary lines on stderr"),
-                    cl::cat(Category));
+                    ULPLINT_SHARED, cl::cat(Category));
 cl::list<std::string> Include(
     "include",
     cl::desc("Analyse only units whose path matches this glob (relative to "
@@ -114,17 +124,18 @@ cl::opt<std::string> Baseline(
     "baseline",
     cl::desc("Findings already known (a --write-baseline file, or JSON or "
              "SARIF output): only others count as new and fail the run"),
-    cl::value_desc("file"), cl::cat(Category));
+    cl::value_desc("file"), ULPLINT_SHARED, cl::cat(Category));
 cl::opt<std::string> WriteBaseline(
     "write-baseline",
     cl::desc("Record the findings of this run as the baseline (the run then "
              "succeeds unless a unit cannot be analysed)"),
-    cl::value_desc("file"), cl::cat(Category));
+    cl::value_desc("file"), ULPLINT_SHARED, cl::cat(Category));
 cl::opt<bool> PrintCommands(
     "print-commands",
     cl::desc("Print the commands clang parses each selected unit with, as "
              "JSON, and exit (for testsuite/bench)"),
     cl::Hidden, cl::cat(Category));
+#undef ULPLINT_SHARED
 
 const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol code
 
@@ -394,6 +405,7 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
 
 /// `ulplint merge A B ...`: the shard outputs joined into one result.
 int merge() {
+  // Top-level options parse in subcommands too; refuse the analysis's.
   // (cl::list overloads &: std::addressof gives the option.)
   for (const cl::Option *O : std::initializer_list<const cl::Option *>{
            &BuildPath, &Checks, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes,
@@ -402,11 +414,12 @@ int merge() {
            std::addressof(Exclude), &Shard, &CacheDir, &NoCache,
            &PrintCommands, &ListChecks, &Explain})
     if (O->getNumOccurrences())
-      return usageError("'merge' joins shard outputs; -" + O->ArgStr +
-                        " is an option of the analysis");
-  if (Sources.empty())
+      return usageError("'merge' joins shard outputs; " +
+                        StringRef(O->ArgStr.size() > 1 ? "--" : "-") +
+                        O->ArgStr + " is for the analysis");
+  if (ShardOutputs.empty())
     return usageError("'merge' needs the shard outputs to join");
-  auto Units = mergeShards(Sources);
+  auto Units = mergeShards(ShardOutputs);
   if (!Units)
     return usageError("merge: " + toString(Units.takeError()));
   return finish(std::move(*Units), std::nullopt, "");
@@ -492,28 +505,21 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
 
 int main(int argc, const char **argv) {
   InitLLVM X(argc, argv);
-  // `ulplint merge ...` joins shard outputs; the rest of the line is parsed
-  // with the same options.
-  bool Merging = argc > 1 && StringRef(argv[1]) == "merge";
-  std::vector<const char *> Args(argv, argv + argc);
-  if (Merging)
-    Args.erase(Args.begin() + 1);
-  int ArgCount = Args.size();
   // `file.c -- flags` names the compile command on the command line.
   std::string FixedError;
-  std::unique_ptr<clang::tooling::CompilationDatabase> DB;
-  if (!Merging)
-    DB = clang::tooling::FixedCompilationDatabase::loadFromCommandLine(
-        ArgCount, Args.data(), FixedError);
+  std::unique_ptr<clang::tooling::CompilationDatabase> DB =
+      clang::tooling::FixedCompilationDatabase::loadFromCommandLine(
+          argc, argv, FixedError);
 
   cl::HideUnrelatedOptions(Category);
+  cl::HideUnrelatedOptions(Category, MergeCommand);
   cl::SetVersionPrinter([](raw_ostream &OS) {
     OS << "ulplint " << ULPLINT_VERSION << " (LLVM " << LLVM_VERSION_STRING
        << ")\n";
   });
   std::string ParseErrors;
   raw_string_ostream ErrStream(ParseErrors);
-  if (!cl::ParseCommandLineOptions(ArgCount, Args.data(), Overview, &ErrStream)) {
+  if (!cl::ParseCommandLineOptions(argc, argv, Overview, &ErrStream)) {
     errs() << ErrStream.str();
     return 2;
   }
@@ -528,9 +534,13 @@ int main(int argc, const char **argv) {
                       "' (expected text, json or sarif)");
   if (FixNotes && !Fix)
     return usageError("--fix-notes needs --fix");
-  if (Merging)
-    return merge();
   if (!FixedError.empty())
     return usageError(FixedError);
+  if (MergeCommand) {
+    if (DB)
+      return usageError("'merge' joins shard outputs; '--' compiler flags "
+                        "are for the analysis");
+    return merge();
+  }
   return analyzeDatabase(std::move(DB), argv[0]);
 }
