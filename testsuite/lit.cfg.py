@@ -1,6 +1,7 @@
 # lit configuration for the ulplint test suite.
 import os
 import shlex
+import shutil
 import sys
 
 import lit.formats
@@ -43,6 +44,10 @@ config.substitutions.append(("%blkdemo", os.path.join(obj, "example", "bin")))
 config.substitutions.append(("%python", python))
 config.substitutions.append(("%srcroot", src))
 config.substitutions.append(("%bindir", obj))
+
+# util-linux's script(1) runs a command on a pseudo-terminal.
+if shutil.which("script"):
+    config.available_features.add("script")
 
 if config.regcore_built:
     config.available_features.add("regcore")

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Driver.h"
+#include "Cache.h"
 #include "engine/Rules.h"
 #include "clang-tidy/ClangTidy.h"
 #include "clang-tidy/ClangTidyModule.h"
@@ -18,12 +19,16 @@
 #include "clang/Tooling/Tooling.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/ThreadPool.h"
 #include "llvm/Support/Threading.h"
 #include "llvm/Support/VirtualFileSystem.h"
+#include <chrono>
+#include <mutex>
 
 using namespace clang;
 using namespace clang::tidy;
@@ -37,20 +42,101 @@ static llvm::Error inputError(const llvm::Twine &Msg) {
 
 //===-- Compile databases -------------------------------------------------===//
 
+namespace {
+/// One command per file, the first the database lists.
+class FirstCommandDatabase : public CompilationDatabase {
+public:
+  explicit FirstCommandDatabase(std::unique_ptr<CompilationDatabase> Inner)
+      : Inner(std::move(Inner)) {}
+  std::vector<CompileCommand>
+  getCompileCommands(llvm::StringRef File) const override {
+    std::vector<CompileCommand> Commands = Inner->getCompileCommands(File);
+    if (Commands.size() > 1)
+      Commands.resize(1);
+    return Commands;
+  }
+  std::vector<std::string> getAllFiles() const override {
+    return Inner->getAllFiles();
+  }
+  std::vector<CompileCommand> getAllCompileCommands() const override {
+    std::vector<CompileCommand> All;
+    for (const std::string &File : getAllFiles())
+      for (CompileCommand &C : getCompileCommands(File))
+        All.push_back(std::move(C));
+    return All;
+  }
+
+private:
+  std::unique_ptr<CompilationDatabase> Inner;
+};
+
+std::string absoluteIn(llvm::StringRef Path, llvm::StringRef Base) {
+  llvm::SmallString<256> Abs(Path);
+  if (llvm::sys::path::is_relative(Abs)) {
+    Abs = Base;
+    llvm::sys::path::append(Abs, Path);
+  }
+  llvm::sys::path::remove_dots(Abs, true);
+  return std::string(Abs);
+}
+} // namespace
+
+/// The database with absolute `directory` and `file` entries free of "."
+/// and "..": clang's tooling would resolve a relative directory against
+/// the current directory, and would take "./a.c" and "a.c" for two files.
+static llvm::Expected<std::string> normalizeDatabase(llvm::StringRef Text,
+                                                     llvm::StringRef DbDir) {
+  llvm::Expected<llvm::json::Value> Root = llvm::json::parse(Text);
+  if (!Root)
+    return Root.takeError();
+  llvm::json::Array *Entries = Root->getAsArray();
+  if (!Entries)
+    return inputError("expected an array of compile commands");
+  for (llvm::json::Value &Entry : *Entries) {
+    llvm::json::Object *O = Entry.getAsObject();
+    std::optional<llvm::StringRef> Dir = O ? O->getString("directory") : std::nullopt;
+    std::optional<llvm::StringRef> File = O ? O->getString("file") : std::nullopt;
+    if (!Dir || !File)
+      continue; // clang's parser names what is missing
+    std::string AbsDir = absoluteIn(*Dir, DbDir);
+    std::string AbsFile = absoluteIn(*File, AbsDir);
+    (*O)["directory"] = std::move(AbsDir);
+    (*O)["file"] = std::move(AbsFile);
+  }
+  std::string Out;
+  llvm::raw_string_ostream(Out) << llvm::json::Value(std::move(*Root));
+  return Out;
+}
+
 llvm::Expected<std::unique_ptr<CompilationDatabase>>
 loadDatabase(llvm::StringRef BuildPath) {
   llvm::SmallString<256> Json(BuildPath);
+  llvm::sys::fs::make_absolute(Json);
   if (llvm::sys::fs::is_directory(Json))
     llvm::sys::path::append(Json, "compile_commands.json");
   if (!llvm::sys::fs::exists(Json))
     return inputError("no compilation database at '" + Json + "'");
+  auto Buffer = llvm::MemoryBuffer::getFile(Json);
+  if (!Buffer)
+    return inputError("cannot read compilation database '" + Json +
+                      "': " + Buffer.getError().message());
+  auto Text = normalizeDatabase((*Buffer)->getBuffer(),
+                                llvm::sys::path::parent_path(Json));
+  if (!Text)
+    return inputError("cannot read compilation database '" + Json +
+                      "': " + llvm::toString(Text.takeError()));
   std::string Err;
-  std::unique_ptr<CompilationDatabase> DB = JSONCompilationDatabase::loadFromFile(
-      Json, Err, JSONCommandLineSyntax::AutoDetect);
+  std::unique_ptr<CompilationDatabase> DB = JSONCompilationDatabase::loadFromBuffer(
+      *Text, Err, JSONCommandLineSyntax::AutoDetect);
   if (!DB)
     return inputError("cannot read compilation database '" + Json +
                       "': " + Err);
-  return std::move(DB);
+  return firstCommandOnly(std::move(DB));
+}
+
+std::unique_ptr<CompilationDatabase>
+firstCommandOnly(std::unique_ptr<CompilationDatabase> DB) {
+  return std::make_unique<FirstCommandDatabase>(std::move(DB));
 }
 
 std::vector<std::string> sanitizeCommand(llvm::ArrayRef<std::string> Args) {
@@ -75,6 +161,32 @@ std::vector<std::string> sanitizeCommand(llvm::ArrayRef<std::string> Args) {
   size_t InsertAt = Out.empty() ? 0 : 1;
   Out.insert(Out.begin() + InsertAt, R.Add.begin(), R.Add.end());
   return Out;
+}
+
+CompileCommand effectiveCommand(const CompilationDatabase &DB,
+                                llvm::StringRef File, const RunOptions &Opts) {
+  std::vector<CompileCommand> Commands = DB.getCompileCommands(File);
+  CompileCommand Cmd = Commands.empty() ? CompileCommand() : Commands.front();
+  // ClangTool's own adjusters first, as ClangTool runs them.
+  ArgumentsAdjuster Adjust = combineAdjusters(
+      combineAdjusters(getClangStripOutputAdjuster(),
+                       getClangSyntaxOnlyAdjuster()),
+      getClangStripDependencyFileAdjuster());
+  Adjust = combineAdjusters(
+      Adjust, [](const CommandLineArguments &Args, llvm::StringRef) {
+        return sanitizeCommand(Args);
+      });
+  if (!Opts.ExtraArgsBefore.empty())
+    Adjust = combineAdjusters(
+        Adjust, getInsertArgumentAdjuster(Opts.ExtraArgsBefore,
+                                          ArgumentInsertPosition::BEGIN));
+  if (!Opts.ExtraArgs.empty())
+    Adjust = combineAdjusters(
+        Adjust, getInsertArgumentAdjuster(Opts.ExtraArgs,
+                                          ArgumentInsertPosition::END));
+  Adjust = combineAdjusters(Adjust, getStripPluginsAdjuster());
+  Cmd.CommandLine = Adjust(Cmd.CommandLine, Cmd.Filename);
+  return Cmd;
 }
 
 //===-- Configuration -----------------------------------------------------===//
@@ -246,17 +358,36 @@ llvm::Error verifyConfiguration(const RunOptions &Opts,
 
 //===-- Running -----------------------------------------------------------===//
 
+/// Every file the unit read, with the hash of the content clang saw: a
+/// file edited during the analysis must not be cached with the old result.
+static std::vector<InputFile> inputsOf(CompilerInstance &CI) {
+  SourceManager &SM = CI.getSourceManager();
+  std::vector<InputFile> Inputs;
+  for (auto It = SM.fileinfo_begin(), End = SM.fileinfo_end(); It != End; ++It) {
+    llvm::SmallString<256> Path(It->first.getName());
+    CI.getFileManager().makeAbsolutePath(Path);
+    llvm::sys::path::remove_dots(Path, false);
+    std::optional<llvm::StringRef> Data = It->second->getBufferDataIfLoaded();
+    Inputs.push_back({std::string(Path), Data ? contentHash(*Data) : ""});
+  }
+  llvm::sort(Inputs, [](const InputFile &A, const InputFile &B) {
+    return A.Path < B.Path;
+  });
+  return Inputs;
+}
+
 namespace {
 /// clang-tidy's frontend action (see clang-tidy's runClangTidy), one unit
 /// at a time so each thread has its own context.
 class TidyActionFactory : public FrontendActionFactory {
 public:
   TidyActionFactory(ClangTidyContext &Context,
-                    llvm::IntrusiveRefCntPtr<llvm::vfs::OverlayFileSystem> FS)
-      : Consumers(Context, std::move(FS)) {}
+                    llvm::IntrusiveRefCntPtr<llvm::vfs::OverlayFileSystem> FS,
+                    std::vector<InputFile> &Inputs)
+      : Consumers(Context, std::move(FS)), Inputs(Inputs) {}
 
   std::unique_ptr<FrontendAction> create() override {
-    return std::make_unique<Action>(Consumers);
+    return std::make_unique<Action>(Consumers, Inputs);
   }
   bool runInvocation(std::shared_ptr<CompilerInvocation> Invocation,
                      FileManager *Files,
@@ -272,21 +403,72 @@ public:
 private:
   class Action : public ASTFrontendAction {
   public:
-    explicit Action(ClangTidyASTConsumerFactory &F) : F(F) {}
+    Action(ClangTidyASTConsumerFactory &F, std::vector<InputFile> &Inputs)
+        : F(F), Inputs(Inputs) {}
     std::unique_ptr<ASTConsumer> CreateASTConsumer(CompilerInstance &CI,
                                                    llvm::StringRef File) override {
       return F.createASTConsumer(CI, File);
     }
+    void EndSourceFileAction() override {
+      Inputs = inputsOf(getCompilerInstance());
+    }
 
   private:
     ClangTidyASTConsumerFactory &F;
+    std::vector<InputFile> &Inputs;
   };
   ClangTidyASTConsumerFactory Consumers;
+  std::vector<InputFile> &Inputs;
 };
 
 bool isCompilerDiagnostic(const ClangTidyError &E) {
   return llvm::StringRef(E.DiagnosticName).starts_with("clang-diagnostic-");
 }
+
+/// "ulplint: 37/193 units, 12 findings, 0:41 elapsed, ETA 2:13", rewritten
+/// in place on a terminal as units finish.
+class Progress {
+public:
+  Progress(size_t Total, bool Enabled)
+      : Total(Total), Enabled(Enabled), Start(Clock::now()) {}
+  ~Progress() {
+    if (Enabled && Width)
+      llvm::errs() << "\r" << std::string(Width, ' ') << "\r";
+  }
+  void unitDone(size_t NewFindings) {
+    std::lock_guard<std::mutex> G(Lock);
+    ++Done;
+    Findings += NewFindings;
+    auto Now = Clock::now();
+    // At most ten redraws a second, and always the last one.
+    if (!Enabled || (Done < Total && Now - LastDraw < std::chrono::milliseconds(100)))
+      return;
+    LastDraw = Now;
+    draw(std::chrono::duration<double>(Now - Start).count());
+  }
+
+private:
+  using Clock = std::chrono::steady_clock;
+  static std::string minutes(double Seconds) {
+    unsigned S = static_cast<unsigned>(Seconds + 0.5);
+    return std::to_string(S / 60) + (S % 60 < 10 ? ":0" : ":") +
+           std::to_string(S % 60);
+  }
+  void draw(double Elapsed) {
+    std::string Line = llvm::formatv("ulplint: {0}/{1} units, {2} findings, {3} elapsed",
+                                     Done, Total, Findings, minutes(Elapsed));
+    if (Done < Total)
+      Line += ", ETA " + minutes(Elapsed / Done * (Total - Done));
+    size_t Pad = Width > Line.size() ? Width - Line.size() : 0;
+    Width = std::max(Width, Line.size());
+    llvm::errs() << "\r" << Line << std::string(Pad, ' ');
+  }
+
+  std::mutex Lock;
+  size_t Total, Done = 0, Findings = 0, Width = 0;
+  bool Enabled;
+  Clock::time_point Start, LastDraw;
+};
 } // namespace
 
 /// "file:line:col: message" for a compiler error.
@@ -312,10 +494,13 @@ static std::string describeError(const ClangTidyError &E) {
   return Where + ": " + E.Message.Message;
 }
 
+/// Runs the checks on \p File with the command \p Cmd, recording the
+/// files the unit read in \p Inputs.
 static UnitResult analyzeUnit(const CompilationDatabase &DB,
-                              const std::string &File, const RunOptions &Opts) {
+                              const CompileCommand &Cmd, const RunOptions &Opts,
+                              std::vector<InputFile> &Inputs) {
   UnitResult Result;
-  Result.File = File;
+  Result.File = Cmd.Filename;
   // A physical file system of its own: ClangTool changes the working
   // directory per command, and the process-wide one is shared by threads.
   auto FS = llvm::makeIntrusiveRefCnt<llvm::vfs::OverlayFileSystem>(
@@ -326,18 +511,15 @@ static UnitResult analyzeUnit(const CompilationDatabase &DB,
     return Result;
   }
   ClangTidyContext Context(std::move(*Provider), false, false, false);
-  ClangTool Tool(DB, {File}, std::make_shared<PCHContainerOperations>(), FS);
+  ClangTool Tool(DB, {Cmd.Filename}, std::make_shared<PCHContainerOperations>(),
+                 FS);
+  // The command is final (effectiveCommand): the cache key and
+  // --print-commands show exactly what clang parses.
+  Tool.clearArgumentsAdjusters();
   Tool.appendArgumentsAdjuster(
-      [](const CommandLineArguments &Args, llvm::StringRef) {
-        return sanitizeCommand(Args);
+      [&Cmd](const CommandLineArguments &, llvm::StringRef) {
+        return Cmd.CommandLine;
       });
-  if (!Opts.ExtraArgsBefore.empty())
-    Tool.appendArgumentsAdjuster(getInsertArgumentAdjuster(
-        Opts.ExtraArgsBefore, ArgumentInsertPosition::BEGIN));
-  if (!Opts.ExtraArgs.empty())
-    Tool.appendArgumentsAdjuster(
-        getInsertArgumentAdjuster(Opts.ExtraArgs, ArgumentInsertPosition::END));
-  Tool.appendArgumentsAdjuster(getStripPluginsAdjuster());
 
   ClangTidyDiagnosticConsumer Consumer(Context, nullptr, true, false);
   auto DiagOpts = std::make_unique<DiagnosticOptions>();
@@ -346,7 +528,7 @@ static UnitResult analyzeUnit(const CompilationDatabase &DB,
   Tool.setDiagnosticConsumer(&Consumer);
   Tool.setPrintErrorMessage(false);
 
-  TidyActionFactory Factory(Context, FS);
+  TidyActionFactory Factory(Context, FS, Inputs);
   int Status;
   {
     FactScope Scope(&Result.Facts);
@@ -364,6 +546,42 @@ static UnitResult analyzeUnit(const CompilationDatabase &DB,
   }
   if (Status != 0 && Result.ParseErrors.empty())
     Result.ParseErrors.push_back("the compiler could not process this file");
+  return Result;
+}
+
+/// The configuration the checks see for \p File, as text for the cache key.
+static std::string effectiveConfig(const RunOptions &Opts, llvm::StringRef File) {
+  auto Provider = makeOptionsProvider(Opts);
+  if (!Provider) {
+    llvm::consumeError(Provider.takeError()); // analyzeUnit reports it
+    return "";
+  }
+  return configurationAsText((*Provider)->getOptions(File));
+}
+
+/// The unit's result from the cache if it is there and current, else from
+/// an analysis, which then goes into the cache.
+static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
+                                 const std::string &File,
+                                 const RunOptions &Opts, bool &Reused) {
+  CompileCommand Cmd = effectiveCommand(DB, File, Opts);
+  Cmd.Filename = File;
+  std::string Key;
+  // Registration sites (`ulplint report`) are not part of cache entries.
+  ResultCache *Cache = Opts.CollectSites ? nullptr : Opts.Cache;
+  if (Cache) {
+    Key = unitKey(File, Cmd.Directory, Cmd.CommandLine,
+                  effectiveConfig(Opts, File));
+    if (std::optional<UnitResult> Hit = Cache->lookup(Key)) {
+      Reused = true;
+      return std::move(*Hit);
+    }
+  }
+  std::vector<InputFile> Inputs;
+  UnitResult Result = analyzeUnit(DB, Cmd, Opts, Inputs);
+  // A unit that does not parse may lack a header that appears later.
+  if (Cache && Result.ParseErrors.empty() && !Inputs.empty())
+    Cache->store(Key, Result, Inputs);
   return Result;
 }
 
@@ -387,18 +605,29 @@ void settleConditions(std::vector<UnitResult> &Units) {
 
 std::vector<UnitResult> analyze(const CompilationDatabase &DB,
                                 llvm::ArrayRef<std::string> Files,
-                                const RunOptions &Opts) {
+                                const RunOptions &Opts, RunStats &Stats) {
   std::vector<UnitResult> Results(Files.size());
-  unsigned Jobs = Opts.Jobs ? Opts.Jobs : llvm::hardware_concurrency().compute_thread_count();
+  std::vector<char> Reused(Files.size(), false);
+  Progress Bar(Files.size(), Opts.Progress);
+  auto Run = [&](size_t I) {
+    bool FromCache = false;
+    Results[I] = analyzeOrReuse(DB, Files[I], Opts, FromCache);
+    Reused[I] = FromCache;
+    Bar.unitDone(Results[I].Findings.size());
+  };
+  unsigned Jobs = Opts.Jobs ? Opts.Jobs
+                            : llvm::hardware_concurrency().compute_thread_count();
   if (Jobs <= 1 || Files.size() <= 1) {
     for (size_t I = 0; I < Files.size(); ++I)
-      Results[I] = analyzeUnit(DB, Files[I], Opts);
-    return Results;
+      Run(I);
+  } else {
+    llvm::DefaultThreadPool Pool(llvm::hardware_concurrency(Jobs));
+    for (size_t I = 0; I < Files.size(); ++I)
+      Pool.async([&, I] { Run(I); });
+    Pool.wait();
   }
-  llvm::DefaultThreadPool Pool(llvm::hardware_concurrency(Jobs));
-  for (size_t I = 0; I < Files.size(); ++I)
-    Pool.async([&, I] { Results[I] = analyzeUnit(DB, Files[I], Opts); });
-  Pool.wait();
+  for (char R : Reused)
+    ++(R ? Stats.FromCache : Stats.Analysed);
   return Results;
 }
 

@@ -15,16 +15,25 @@
 
 namespace ulplint::tool {
 
+class ResultCache;
+
 /// What the user asked ulplint to run.
 struct RunOptions {
   std::string Checks;      // --checks, appended to the configuration's
   std::string Config;      // --config (YAML)
   std::string ConfigFile;  // --config-file
   std::vector<std::string> ExtraArgs, ExtraArgsBefore;
-  unsigned Jobs = 1;
-  bool Quiet = false;
+  unsigned Jobs = 0;       // 0: all cores
+  bool Progress = false;   // a progress line on stderr (a terminal)
+  ResultCache *Cache = nullptr;
   /// Keep the registration sites of each unit (`ulplint report`).
   bool CollectSites = false;
+};
+
+/// A file a unit read, and the hash of the content it read.
+struct InputFile {
+  std::string Path;
+  std::string Hash; // empty: hash the file as it is on disk
 };
 
 /// The result of analysing one translation unit.
@@ -43,8 +52,21 @@ struct UnitResult {
 void settleConditions(std::vector<UnitResult> &Units);
 
 /// Loads the compile database named by -p (a directory or the JSON file).
+/// Relative `directory` entries are relative to the database's directory;
+/// a file listed more than once keeps its first command.
 llvm::Expected<std::unique_ptr<clang::tooling::CompilationDatabase>>
 loadDatabase(llvm::StringRef BuildPath);
+
+/// \p DB answering with one command per file, its first (as clangd does):
+/// a file is analysed once however often a build compiles it.
+std::unique_ptr<clang::tooling::CompilationDatabase>
+firstCommandOnly(std::unique_ptr<clang::tooling::CompilationDatabase> DB);
+
+/// The command clang parses \p File with: the database's, rewritten by
+/// rules/compile-flags.yaml and the --extra-arg options, syntax-only.
+clang::tooling::CompileCommand
+effectiveCommand(const clang::tooling::CompilationDatabase &DB,
+                 llvm::StringRef File, const RunOptions &Opts);
 
 /// The rewrite of compile commands from rules/compile-flags.yaml.
 std::vector<std::string> sanitizeCommand(llvm::ArrayRef<std::string> Args);
@@ -64,10 +86,15 @@ llvm::Error verifyConfiguration(const RunOptions &Opts,
 /// Names of every registered rdma-* check.
 std::vector<std::string> registeredChecks();
 
-/// Analyses \p Files, -j at a time; results come back in input order.
+struct RunStats {
+  unsigned Analysed = 0, FromCache = 0;
+};
+
+/// Analyses \p Files, -j at a time, or takes their results from the cache;
+/// results come back in input order, conditions not yet settled.
 std::vector<UnitResult> analyze(const clang::tooling::CompilationDatabase &DB,
                                 llvm::ArrayRef<std::string> Files,
-                                const RunOptions &Opts);
+                                const RunOptions &Opts, RunStats &Stats);
 
 } // namespace ulplint::tool
 

@@ -90,7 +90,8 @@ std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root) {
   return Path.str();
 }
 
-std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units) {
+std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units,
+                                     llvm::StringRef SourceRoot) {
   std::vector<Finding> Out;
   std::set<std::tuple<std::string, std::string, unsigned, std::string>> Seen;
   std::map<std::string, unsigned> Occurrences;
@@ -117,11 +118,12 @@ std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units) {
     Out.insert(Out.end(), Unit.begin(), Unit.end());
   }
   // Fingerprints survive edits elsewhere in the file: the check, the file
-  // name, the finding's own line with whitespace normalised, and which
-  // occurrence of that combination it is.
+  // (relative to the source root, so the same on every machine), the
+  // finding's own line with whitespace normalised, and which occurrence of
+  // that combination it is.
   for (Finding &F : Out) {
     std::string Key = F.Error->DiagnosticName + "\n" +
-                      llvm::sys::path::filename(F.File).str() + "\n" +
+                      relativeTo(F.File, SourceRoot) + "\n" +
                       normalizeSpace(sources().line(F.File, F.Line));
     unsigned N = Occurrences[Key]++;
     F.Fingerprint = llvm::utohexstr(llvm::xxh3_64bits(Key + "\n" + std::to_string(N)),
@@ -150,6 +152,8 @@ static void writeMessage(llvm::raw_ostream &OS, const std::string &File,
 
 void writeText(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings) {
   for (const Finding &F : Findings) {
+    if (F.BaselineState == "unchanged")
+      continue;
     const ClangTidyError &E = *F.Error;
     writeMessage(OS, F.File, F.Line, F.Column, "warning", E.Message.Message,
                  E.DiagnosticName);
@@ -185,6 +189,17 @@ fixesOf(const ClangTidyError &E) {
     std::vector<clang::tooling::Replacement> List(Reps.begin(), Reps.end());
     Out.emplace_back(absolutePath(File, E.BuildDirectory), std::move(List));
   }
+  return Out;
+}
+
+json::Array fixedToJson(llvm::ArrayRef<BaselineEntry> Fixed) {
+  json::Array Out;
+  for (const BaselineEntry &B : Fixed)
+    Out.push_back(json::Object{{"check", B.Check},
+                               {"message", B.Message},
+                               {"file", B.File},
+                               {"line", B.Line},
+                               {"fingerprint", B.Fingerprint}});
   return Out;
 }
 
@@ -225,21 +240,28 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                                      {"column", G.StartColumn},
                                      {"replacement", R.getReplacementText().str()}});
       }
-    Items.push_back(json::Object{{"check", E.DiagnosticName},
-                                 {"severity", F.Severity},
-                                 {"message", E.Message.Message},
-                                 {"file", relativeTo(F.File, Opts.SourceRoot)},
-                                 {"line", F.Line},
-                                 {"column", F.Column},
-                                 {"fingerprint", F.Fingerprint},
-                                 {"notes", std::move(Notes)},
-                                 {"fixes", std::move(Fixes)}});
+    json::Object Item{{"check", E.DiagnosticName},
+                      {"severity", F.Severity},
+                      {"message", E.Message.Message},
+                      {"file", relativeTo(F.File, Opts.SourceRoot)},
+                      {"line", F.Line},
+                      {"column", F.Column},
+                      {"fingerprint", F.Fingerprint},
+                      {"notes", std::move(Notes)},
+                      {"fixes", std::move(Fixes)}};
+    if (Opts.Baseline)
+      Item["baselineState"] = F.BaselineState;
+    Items.push_back(std::move(Item));
   }
   json::Object Root{{"tool", "ulplint"},
                     {"version", ULPLINT_VERSION},
                     {"findings", std::move(Items)},
                     {"errors", unitErrors(Units)},
                     {"units", static_cast<int64_t>(Units.size())}};
+  if (Opts.Baseline)
+    Root["fixed"] = fixedToJson(Opts.Fixed);
+  if (Opts.Shard)
+    Root["shard"] = *Opts.Shard;
   OS << llvm::formatv("{0:2}", json::Value(std::move(Root))) << "\n";
 }
 
@@ -282,6 +304,41 @@ static json::Object sarifFix(const ClangTidyError &E, const OutputOptions &Opts)
       {"artifactChanges", std::move(Changes)}};
 }
 
+/// The notes that have a place, as SARIF related locations.
+static json::Array sarifRelated(const ClangTidyError &E,
+                                const OutputOptions &Opts) {
+  json::Array Related;
+  unsigned Id = 1;
+  for (const auto &N : E.Notes) {
+    if (N.FilePath.empty())
+      continue; // tool remarks such as "this fix will not be applied"
+    std::string File = absolutePath(N.FilePath, E.BuildDirectory);
+    auto [Line, Column] = sources().lineColumn(File, N.FileOffset);
+    json::Object Loc = sarifLocation(File, Line, Column, Opts);
+    Loc["id"] = Id++;
+    Loc["message"] = json::Object{{"text", N.Message}};
+    Related.push_back(std::move(Loc));
+  }
+  return Related;
+}
+
+/// The path to a finding: its notes in the order the check gives them
+/// ("MR obtained here", "error path taken here"), then the finding itself.
+static json::Object sarifCodeFlow(const Finding &F, const json::Array &Related,
+                                  const OutputOptions &Opts) {
+  json::Array Steps;
+  for (const json::Value &R : Related) {
+    json::Object Loc = *R.getAsObject();
+    Loc.erase("id");
+    Steps.push_back(json::Object{{"location", std::move(Loc)}});
+  }
+  json::Object Last = sarifLocation(F.File, F.Line, F.Column, Opts);
+  Last["message"] = json::Object{{"text", F.Error->Message.Message}};
+  Steps.push_back(json::Object{{"location", std::move(Last)}});
+  return json::Object{
+      {"threadFlows", json::Array{json::Object{{"locations", std::move(Steps)}}}}};
+}
+
 void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                 llvm::ArrayRef<UnitResult> Units, const OutputOptions &Opts) {
   const Rules &R = Rules::embedded();
@@ -309,24 +366,17 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
         {"message", json::Object{{"text", E.Message.Message}}},
         {"locations", json::Array{sarifLocation(F.File, F.Line, F.Column, Opts)}},
         {"partialFingerprints",
-         json::Object{{"ulplintFingerprint/v1", F.Fingerprint}}}};
+         json::Object{{FingerprintKind, F.Fingerprint}}}};
     auto It = RuleIndex.find(E.DiagnosticName);
     if (It != RuleIndex.end())
       Result["ruleIndex"] = It->second;
-    json::Array Related;
-    unsigned Id = 1;
-    for (const auto &N : E.Notes) {
-      if (N.FilePath.empty())
-        continue; // tool remarks such as "this fix will not be applied"
-      std::string File = absolutePath(N.FilePath, E.BuildDirectory);
-      auto [Line, Column] = sources().lineColumn(File, N.FileOffset);
-      json::Object Loc = sarifLocation(File, Line, Column, Opts);
-      Loc["id"] = Id++;
-      Loc["message"] = json::Object{{"text", N.Message}};
-      Related.push_back(std::move(Loc));
-    }
-    if (!Related.empty())
+    if (Opts.Baseline)
+      Result["baselineState"] = F.BaselineState;
+    json::Array Related = sarifRelated(E, Opts);
+    if (!Related.empty()) {
+      Result["codeFlows"] = json::Array{sarifCodeFlow(F, Related, Opts)};
       Result["relatedLocations"] = std::move(Related);
+    }
     if (!E.Message.Fix.empty())
       Result["fixes"] = json::Array{sarifFix(E, Opts)};
     Results.push_back(std::move(Result));
@@ -354,6 +404,15 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
            {"executionSuccessful", Notifications.empty()},
            {"toolExecutionNotifications", std::move(Notifications)}}}},
       {"results", std::move(Results)}};
+  // Fixed findings are not results with baselineState "absent": GitHub code
+  // scanning ignores baselineState and would open alerts for them.
+  json::Object Properties;
+  if (Opts.Baseline)
+    Properties["fixed"] = fixedToJson(Opts.Fixed);
+  if (Opts.Shard)
+    Properties["shard"] = *Opts.Shard;
+  if (!Properties.empty())
+    Run["properties"] = json::Object{{"ulplint", std::move(Properties)}};
   json::Object Log{
       {"$schema", "https://json.schemastore.org/sarif-2.1.0.json"},
       {"version", "2.1.0"},

@@ -4,7 +4,9 @@
 #define ULPLINT_TOOL_OUTPUT_H
 
 #include "Driver.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
+#include <optional>
 
 namespace ulplint::tool {
 
@@ -16,20 +18,40 @@ struct Finding {
   unsigned Line = 0, Column = 0;
   std::string Severity;   // error | warning | note, from rules/catalog.yaml
   std::string Fingerprint;
+  std::string BaselineState; // with --baseline: "new" or "unchanged"
 };
 
-/// \p Path relative to \p Root when it lies below it, else unchanged.
-std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root);
+/// The name of the fingerprints below in SARIF partialFingerprints and in
+/// baselines; it changes whenever their computation does.
+inline constexpr llvm::StringLiteral FingerprintKind = "ulplintFingerprint/v2";
 
 /// Positions and fingerprints for every finding, deduplicated, in input
-/// order.
-std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units);
+/// order. Fingerprints name files relative to \p SourceRoot.
+std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units,
+                                     llvm::StringRef SourceRoot);
+
+/// \p Path relative to \p Root if it is inside it, else unchanged.
+std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root);
+
+/// A finding recorded in a baseline file.
+struct BaselineEntry {
+  std::string Fingerprint, Check, File, Message; // File: as in JSON output
+  unsigned Line = 0;
+};
 
 struct OutputOptions {
   std::string Format = "text"; // text | json | sarif
   std::string SourceRoot;      // relative URIs in SARIF and JSON
+  /// With --baseline: findings say whether they are new, and the baseline's
+  /// findings that are gone are listed as fixed.
+  bool Baseline = false;
+  std::vector<BaselineEntry> Fixed;
+  /// Shard outputs carry the units' unsettled results and facts for
+  /// `ulplint merge` (Shards.h).
+  std::optional<llvm::json::Value> Shard;
 };
 
+/// Text shows the findings a baseline does not hold.
 void writeText(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings);
 void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                llvm::ArrayRef<UnitResult> Units, const OutputOptions &Opts);
@@ -45,6 +67,18 @@ llvm::Expected<unsigned> applyFixes(llvm::ArrayRef<Finding> Findings,
 /// clang-apply-replacements YAML for every finding with a fix.
 void exportFixes(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                  llvm::StringRef MainFile);
+
+//===-- Baselines (Baseline.cpp) ------------------------------------------===//
+
+/// The findings of a baseline file, or of a JSON or SARIF output of ulplint.
+llvm::Expected<std::vector<BaselineEntry>> readBaseline(llvm::StringRef Path);
+/// Writes \p Findings as a baseline.
+llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings,
+                          llvm::StringRef SourceRoot);
+/// Marks each finding "new" or "unchanged" by its fingerprint; returns the
+/// baseline's findings that no longer occur.
+std::vector<BaselineEntry> applyBaseline(llvm::MutableArrayRef<Finding> Findings,
+                                         llvm::ArrayRef<BaselineEntry> Baseline);
 
 } // namespace ulplint::tool
 

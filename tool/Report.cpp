@@ -564,9 +564,10 @@ int runReport() {
   Run.ExtraArgs = ExtraArgs;
   Run.Jobs = Jobs ? unsigned(Jobs) : llvm::hardware_concurrency().compute_thread_count();
   Run.CollectSites = true;
-  std::vector<UnitResult> Units = analyze(**DB, Files, Run);
+  RunStats Stats;
+  std::vector<UnitResult> Units = analyze(**DB, Files, Run, Stats);
   settleConditions(Units);
-  std::vector<Finding> Findings = collectFindings(Units);
+  std::vector<Finding> Findings = collectFindings(Units, Opts.SourceRoot);
 
   std::error_code EC;
   std::unique_ptr<raw_fd_ostream> File;

@@ -1,19 +1,24 @@
 //===- ulplint.cpp - The ulplint command ----------------------------------===//
 //
 // Runs the rdma-* checks over a compile database, like clang-tidy but with
-// CI in mind: parallel units, machine-readable output and strict exit codes
-// (0 no findings, 1 findings, 2 usage or input errors).
+// CI in mind: parallel units, a result cache, shards and their merge,
+// baselines, machine-readable output and strict exit codes (0 no new
+// findings, 1 new findings, 2 usage or input errors).
 //
 //===----------------------------------------------------------------------===//
 
+#include "Cache.h"
 #include "Driver.h"
 #include "Output.h"
 #include "Report.h"
+#include "Shards.h"
 #include "engine/Rules.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
 #include "llvm/Support/WithColor.h"
@@ -29,6 +34,15 @@ static int LLVM_ATTRIBUTE_UNUSED ModuleAnchor = UlplintRdmaModuleAnchorSource;
 namespace {
 cl::OptionCategory Category("ulplint options");
 
+cl::SubCommand MergeCommand(
+    "merge", "Join shard outputs (--shard, JSON or SARIF) into the result of "
+             "one run over the whole database");
+/// Options of both the analysis and `merge`.
+#define ULPLINT_SHARED cl::sub(cl::SubCommand::getTopLevel()), cl::sub(MergeCommand)
+
+cl::list<std::string> ShardOutputs(cl::Positional,
+                                   cl::desc("<shard output> ..."),
+                                   cl::sub(MergeCommand), cl::cat(Category));
 cl::list<std::string> Sources(cl::Positional, cl::desc("[<source> ...]"),
                               cl::cat(Category));
 cl::opt<std::string> BuildPath(
@@ -51,14 +65,16 @@ cl::opt<unsigned> Jobs("j", cl::desc("Translation units analysed in parallel "
                        cl::Prefix, cl::init(0), cl::cat(Category));
 cl::opt<std::string> Format("format",
                             cl::desc("Output format: text, json or sarif"),
-                            cl::init("text"), cl::cat(Category));
+                            cl::init("text"), ULPLINT_SHARED, cl::cat(Category));
 cl::opt<std::string> OutputFile("o", cl::desc("Write findings to this file"),
-                                cl::value_desc("file"), cl::cat(Category));
+                                cl::value_desc("file"), ULPLINT_SHARED,
+                                cl::cat(Category));
 cl::opt<std::string> SourceRoot(
     "source-root",
-    cl::desc("Root that file names in JSON and SARIF are relative to "
-             "(default: the current directory)"),
-    cl::cat(Category));
+    cl::desc("Root that file names in JSON and SARIF, fingerprints, "
+             "--include/--exclude and --shard are relative to (default: the "
+             "current directory)"),
+    ULPLINT_SHARED, cl::cat(Category));
 cl::opt<bool> Fix("fix", cl::desc("Apply the fix-its of the findings in place"),
                   cl::cat(Category));
 cl::opt<bool> FixNotes("fix-notes",
@@ -81,19 +97,59 @@ cl::opt<bool> ListChecks("list-checks",
 cl::opt<std::string> Explain("explain",
                              cl::desc("Explain a check: rationale and fix guidance"),
                              cl::value_desc("check"), cl::cat(Category));
-cl::opt<bool> Quiet("quiet", cl::desc("No summary line on stderr"),
-                    cl::cat(Category));
+cl::opt<bool> Quiet("quiet", cl::desc("No progress or summary lines on stderr"),
+                    ULPLINT_SHARED, cl::cat(Category));
+cl::list<std::string> Include(
+    "include",
+    cl::desc("Analyse only units whose path matches this glob (relative to "
+             "the source root, or absolute; a directory covers what is "
+             "under it). Repeatable"),
+    cl::value_desc("glob"), cl::cat(Category));
+cl::list<std::string> Exclude(
+    "exclude", cl::desc("Skip units whose path matches this glob. Repeatable"),
+    cl::value_desc("glob"), cl::cat(Category));
+cl::opt<std::string> Shard(
+    "shard",
+    cl::desc("Analyse shard i of N of the units, for CI matrices; write "
+             "--format=json or sarif and join the shards with `ulplint merge`"),
+    cl::value_desc("i/N"), cl::cat(Category));
+cl::opt<std::string> CacheDir(
+    "cache-dir",
+    cl::desc("Keep unit results here between runs (default with -p: "
+             "BUILD_DIR/.ulplint-cache)"),
+    cl::value_desc("dir"), cl::cat(Category));
+cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the cache"),
+                      cl::cat(Category));
+cl::opt<std::string> Baseline(
+    "baseline",
+    cl::desc("Findings already known (a --write-baseline file, or JSON or "
+             "SARIF output): only others count as new and fail the run"),
+    cl::value_desc("file"), ULPLINT_SHARED, cl::cat(Category));
+cl::opt<std::string> WriteBaseline(
+    "write-baseline",
+    cl::desc("Record the findings of this run as the baseline (the run then "
+             "succeeds unless a unit cannot be analysed)"),
+    cl::value_desc("file"), ULPLINT_SHARED, cl::cat(Category));
+cl::opt<bool> PrintCommands(
+    "print-commands",
+    cl::desc("Print the commands clang parses each selected unit with, as "
+             "JSON, and exit (for testsuite/bench)"),
+    cl::Hidden, cl::cat(Category));
+#undef ULPLINT_SHARED
 
 const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol code
 
   ulplint -p BUILD_DIR [files...]     analyse the compile database (all of it
                                       when no file is named)
   ulplint file.c -- <compiler flags>  analyse one file without a database
+  ulplint -p BUILD_DIR --shard=i/N --format=json -o shard-i.json
+  ulplint merge shard-*.json [-o FILE] [--format=...] [--baseline=FILE]
+                                      join shard outputs into one result
   ulplint --list-checks | --explain rdma-<check>
   ulplint report -p BUILD_DIR -o report.html|report.md
                                       migration report (see report --help)
 
-Exit status: 0 no findings, 1 findings, 2 usage or input errors.
+Exit status: 0 no new findings, 1 new findings, 2 usage or input errors.
 )";
 
 int usageError(const Twine &Msg) {
@@ -166,15 +222,88 @@ Error checkDirectories(const clang::tooling::CompilationDatabase &DB,
   return Error::success();
 }
 
-int writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units) {
-  OutputOptions Opts;
-  Opts.Format = Format;
-  Opts.SourceRoot = SourceRoot;
-  if (Opts.SourceRoot.empty()) {
-    SmallString<256> Cwd;
-    sys::fs::current_path(Cwd);
-    Opts.SourceRoot = std::string(Cwd);
+std::string sourceRoot() {
+  if (!SourceRoot.empty()) {
+    SmallString<256> Root(SourceRoot);
+    sys::fs::make_absolute(Root);
+    return std::string(Root);
   }
+  SmallString<256> Cwd;
+  sys::fs::current_path(Cwd);
+  return std::string(Cwd);
+}
+
+/// The units this run analyses: --include/--exclude, then --shard. Their
+/// indices in the filtered list go with shard outputs.
+Expected<std::vector<std::string>> selectUnits(ArrayRef<std::string> Files,
+                                              const ShardSpec &Spec,
+                                              std::vector<size_t> &Indices,
+                                              size_t &Total) {
+  auto Filter = PathFilter::create(Include, Exclude, sourceRoot());
+  if (!Filter)
+    return Filter.takeError();
+  std::vector<std::string> Selected;
+  Total = 0;
+  for (const std::string &F : Files) {
+    if (!Filter->accepts(F))
+      continue;
+    if (inShard(relativeTo(F, sourceRoot()), Spec)) {
+      Indices.push_back(Total);
+      Selected.push_back(F);
+    }
+    ++Total;
+  }
+  if (Total == 0)
+    return createStringError(inconvertibleErrorCode(),
+                             "no translation unit matches --include/--exclude");
+  return Selected;
+}
+
+/// The cache directory: --cache-dir, else inside the build directory.
+std::string cacheDirectory() {
+  if (NoCache)
+    return "";
+  if (!CacheDir.empty() || BuildPath.empty())
+    return CacheDir;
+  SmallString<256> Dir(BuildPath);
+  if (!sys::fs::is_directory(Dir))
+    sys::path::remove_filename(Dir);
+  sys::path::append(Dir, ".ulplint-cache");
+  return std::string(Dir);
+}
+
+std::unique_ptr<ResultCache> openCache(const char *Argv0) {
+  std::string Dir = cacheDirectory();
+  if (Dir.empty())
+    return nullptr;
+  static int Anchor;
+  auto Cache = ResultCache::open(Dir, toolIdentity(Argv0, &Anchor));
+  if (!Cache) {
+    if (!Quiet)
+      WithColor::warning(errs(), "ulplint")
+          << toString(Cache.takeError()) << "; running without a cache\n";
+    else
+      consumeError(Cache.takeError());
+    return nullptr;
+  }
+  return std::move(*Cache);
+}
+
+/// --print-commands: what clang parses, for comparing with clang itself.
+void printCommands(const clang::tooling::CompilationDatabase &DB,
+                   ArrayRef<std::string> Files, const RunOptions &Run) {
+  json::Array Out;
+  for (const std::string &F : Files) {
+    clang::tooling::CompileCommand Cmd = effectiveCommand(DB, F, Run);
+    Out.push_back(json::Object{{"file", F},
+                               {"directory", Cmd.Directory},
+                               {"arguments", Cmd.CommandLine}});
+  }
+  outs() << formatv("{0:2}", json::Value(std::move(Out))) << "\n";
+}
+
+int writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
+                const OutputOptions &Opts) {
   std::unique_ptr<raw_fd_ostream> File;
   raw_ostream *OS = &outs();
   if (!OutputFile.empty()) {
@@ -192,6 +321,186 @@ int writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units) {
     writeText(*OS, Findings);
   return 0;
 }
+
+/// One line per unit that does not parse; returns how many.
+unsigned reportBrokenUnits(ArrayRef<UnitResult> Units) {
+  unsigned Broken = 0;
+  for (const UnitResult &U : Units)
+    if (!U.ParseErrors.empty()) {
+      ++Broken;
+      WithColor::error(errs(), "ulplint")
+          << U.File << ": cannot be analysed: " << U.ParseErrors.front()
+          << (U.ParseErrors.size() > 1
+                  ? " (and " + std::to_string(U.ParseErrors.size() - 1) +
+                        " more errors)"
+                  : std::string())
+          << "\n";
+    }
+  return Broken;
+}
+
+void reportBaseline(ArrayRef<Finding> Findings, const OutputOptions &Opts) {
+  unsigned New = llvm::count_if(
+      Findings, [](const Finding &F) { return F.BaselineState == "new"; });
+  errs() << "ulplint: baseline: " << New << " new, " << Findings.size() - New
+         << " unchanged, " << Opts.Fixed.size() << " fixed\n";
+  for (const BaselineEntry &B : Opts.Fixed)
+    errs() << "ulplint: fixed: " << B.File << ":" << B.Line << ": " << B.Message
+           << " [" << B.Check << "]\n";
+}
+
+/// Settles the units' conditions, compares with the baseline, writes the
+/// outputs; returns the exit status. \p Shard goes into shard outputs.
+int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
+           StringRef MainFile) {
+  OutputOptions Opts;
+  Opts.Format = Format;
+  Opts.SourceRoot = sourceRoot();
+  Opts.Shard = std::move(Shard);
+  settleConditions(Units);
+  std::vector<Finding> Findings = collectFindings(Units, Opts.SourceRoot);
+  if (!Baseline.empty()) {
+    auto Known = readBaseline(Baseline);
+    if (!Known)
+      return usageError(toString(Known.takeError()));
+    Opts.Baseline = true;
+    Opts.Fixed = applyBaseline(Findings, *Known);
+  }
+
+  if (int Rc = writeOutput(Findings, Units, Opts))
+    return Rc;
+  if (!WriteBaseline.empty())
+    if (Error E = writeBaseline(WriteBaseline, Findings, Opts.SourceRoot))
+      return usageError(toString(std::move(E)));
+  if (!ExportFixes.empty()) {
+    std::error_code EC;
+    raw_fd_ostream OS(ExportFixes, EC);
+    if (EC)
+      return usageError("cannot write '" + ExportFixes + "': " + EC.message());
+    exportFixes(OS, Findings, MainFile);
+  }
+  if (Fix) {
+    auto Applied = applyFixes(Findings, FixNotes);
+    if (!Applied)
+      return usageError(toString(Applied.takeError()));
+    if (!Quiet)
+      errs() << "ulplint: applied fixes of " << *Applied << " finding(s)\n";
+  }
+
+  unsigned Broken = reportBrokenUnits(Units);
+  if (!Quiet) {
+    if (Opts.Baseline)
+      reportBaseline(Findings, Opts);
+    errs() << "ulplint: " << Findings.size() << " finding(s) in "
+           << Units.size() << " translation unit(s)"
+           << (Broken ? ", " + std::to_string(Broken) + " not analysed" : "")
+           << "\n";
+  }
+  if (Broken)
+    return 2;
+  bool AnyNew = llvm::any_of(
+      Findings, [](const Finding &F) { return F.BaselineState != "unchanged"; });
+  return AnyNew && WriteBaseline.empty() ? 1 : 0;
+}
+
+/// `ulplint merge A B ...`: the shard outputs joined into one result.
+int merge() {
+  // Top-level options parse in subcommands too; refuse the analysis's.
+  // (cl::list overloads &: std::addressof gives the option.)
+  for (const cl::Option *O : std::initializer_list<const cl::Option *>{
+           &BuildPath, &Checks, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes,
+           &ExportFixes, std::addressof(ExtraArgs),
+           std::addressof(ExtraArgsBefore), std::addressof(Include),
+           std::addressof(Exclude), &Shard, &CacheDir, &NoCache,
+           &PrintCommands, &ListChecks, &Explain})
+    if (O->getNumOccurrences())
+      return usageError("'merge' joins shard outputs; " +
+                        StringRef(O->ArgStr.size() > 1 ? "--" : "-") +
+                        O->ArgStr + " is for the analysis");
+  if (ShardOutputs.empty())
+    return usageError("'merge' needs the shard outputs to join");
+  auto Units = mergeShards(ShardOutputs);
+  if (!Units)
+    return usageError("merge: " + toString(Units.takeError()));
+  return finish(std::move(*Units), std::nullopt, "");
+}
+
+/// Loads the database: -p, '--' flags, or one found above the first source.
+Expected<std::unique_ptr<clang::tooling::CompilationDatabase>>
+loadInputDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed) {
+  auto Fail = [](const Twine &Msg) {
+    return createStringError(inconvertibleErrorCode(), Msg);
+  };
+  if (!BuildPath.empty()) {
+    if (Fixed)
+      return Fail("use either -p or '--' compiler flags, not both");
+    return loadDatabase(BuildPath);
+  }
+  if (Fixed)
+    return std::move(Fixed);
+  if (Sources.empty())
+    return Fail("no input: pass -p BUILD_DIR, or files followed by "
+                "'-- <compiler flags>' (see --help)");
+  std::string Err;
+  auto Found = clang::tooling::CompilationDatabase::autoDetectFromSource(
+      Sources[0], Err);
+  if (!Found)
+    return Fail("no compilation database found for '" + Sources[0] +
+                "': pass -p BUILD_DIR or '-- <compiler flags>'");
+  return firstCommandOnly(std::move(Found));
+}
+
+int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
+                    const char *Argv0) {
+  ShardSpec Spec;
+  if (!Shard.empty()) {
+    auto Parsed = parseShard(Shard);
+    if (!Parsed)
+      return usageError(toString(Parsed.takeError()));
+    Spec = *Parsed;
+  }
+  auto DB = loadInputDatabase(std::move(Fixed));
+  if (!DB)
+    return usageError(toString(DB.takeError()));
+  auto AllFiles = inputFiles(**DB);
+  if (!AllFiles)
+    return usageError(toString(AllFiles.takeError()));
+  std::vector<size_t> Indices;
+  size_t Total = 0;
+  auto Files = selectUnits(*AllFiles, Spec, Indices, Total);
+  if (!Files)
+    return usageError(toString(Files.takeError()));
+  if (Error E = checkDirectories(**DB, *Files))
+    return usageError(toString(std::move(E)));
+
+  RunOptions Run;
+  Run.Checks = Checks;
+  Run.Config = Config;
+  Run.ConfigFile = ConfigFile;
+  Run.ExtraArgs = ExtraArgs;
+  Run.ExtraArgsBefore = ExtraArgsBefore;
+  Run.Jobs = Jobs;
+  if (PrintCommands) {
+    printCommands(**DB, *Files, Run);
+    return 0;
+  }
+  if (Error E = verifyConfiguration(Run, *Files))
+    return usageError(toString(std::move(E)));
+  Run.Progress = !Quiet && sys::Process::StandardErrIsDisplayed();
+  std::unique_ptr<ResultCache> Cache = openCache(Argv0);
+  Run.Cache = Cache.get();
+
+  RunStats Stats;
+  std::vector<UnitResult> Units = analyze(**DB, *Files, Run, Stats);
+  if (Cache && !Quiet)
+    errs() << "ulplint: " << Units.size() << " unit(s): " << Stats.Analysed
+           << " analysed, " << Stats.FromCache << " from the cache\n";
+  std::optional<json::Value> ShardData;
+  if (Spec.Count)
+    ShardData = shardSection(Spec, Total, Indices, Units);
+  return finish(std::move(Units), std::move(ShardData),
+                Files->empty() ? "" : Files->front());
+}
 } // namespace
 
 int main(int argc, const char **argv) {
@@ -203,6 +512,7 @@ int main(int argc, const char **argv) {
           argc, argv, FixedError);
 
   cl::HideUnrelatedOptions(Category);
+  cl::HideUnrelatedOptions(Category, MergeCommand);
   cl::SetVersionPrinter([](raw_ostream &OS) {
     OS << "ulplint " << ULPLINT_VERSION << " (LLVM " << LLVM_VERSION_STRING
        << ")\n";
@@ -224,84 +534,13 @@ int main(int argc, const char **argv) {
                       "' (expected text, json or sarif)");
   if (FixNotes && !Fix)
     return usageError("--fix-notes needs --fix");
-
   if (!FixedError.empty())
     return usageError(FixedError);
-  if (!BuildPath.empty()) {
+  if (MergeCommand) {
     if (DB)
-      return usageError("use either -p or '--' compiler flags, not both");
-    auto Loaded = loadDatabase(BuildPath);
-    if (!Loaded)
-      return usageError(toString(Loaded.takeError()));
-    DB = std::move(*Loaded);
-  } else if (!DB) {
-    if (Sources.empty())
-      return usageError("no input: pass -p BUILD_DIR, or files followed by "
-                        "'-- <compiler flags>' (see --help)");
-    std::string Err;
-    DB = clang::tooling::CompilationDatabase::autoDetectFromSource(Sources[0],
-                                                                   Err);
-    if (!DB)
-      return usageError("no compilation database found for '" + Sources[0] +
-                        "': pass -p BUILD_DIR or '-- <compiler flags>'");
+      return usageError("'merge' joins shard outputs; '--' compiler flags "
+                        "are for the analysis");
+    return merge();
   }
-
-  auto Files = inputFiles(*DB);
-  if (!Files)
-    return usageError(toString(Files.takeError()));
-  if (Error E = checkDirectories(*DB, *Files))
-    return usageError(toString(std::move(E)));
-
-  RunOptions Run;
-  Run.Checks = Checks;
-  Run.Config = Config;
-  Run.ConfigFile = ConfigFile;
-  Run.ExtraArgs = ExtraArgs;
-  Run.ExtraArgsBefore = ExtraArgsBefore;
-  Run.Jobs = Jobs;
-  Run.Quiet = Quiet;
-  if (Error E = verifyConfiguration(Run, *Files))
-    return usageError(toString(std::move(E)));
-
-  std::vector<UnitResult> Units = analyze(*DB, *Files, Run);
-  settleConditions(Units);
-  std::vector<Finding> Findings = collectFindings(Units);
-
-  if (int Rc = writeOutput(Findings, Units))
-    return Rc;
-  if (!ExportFixes.empty()) {
-    std::error_code EC;
-    raw_fd_ostream OS(ExportFixes, EC);
-    if (EC)
-      return usageError("cannot write '" + ExportFixes + "': " + EC.message());
-    exportFixes(OS, Findings, Files->front());
-  }
-  if (Fix) {
-    auto Applied = applyFixes(Findings, FixNotes);
-    if (!Applied)
-      return usageError(toString(Applied.takeError()));
-    if (!Quiet)
-      errs() << "ulplint: applied fixes of " << *Applied << " finding(s)\n";
-  }
-
-  unsigned Broken = 0;
-  for (const UnitResult &U : Units)
-    if (!U.ParseErrors.empty()) {
-      ++Broken;
-      WithColor::error(errs(), "ulplint")
-          << U.File << ": cannot be analysed: " << U.ParseErrors.front()
-          << (U.ParseErrors.size() > 1
-                  ? " (and " + std::to_string(U.ParseErrors.size() - 1) +
-                        " more errors)"
-                  : std::string())
-          << "\n";
-    }
-  if (!Quiet)
-    errs() << "ulplint: " << Findings.size() << " finding(s) in "
-           << Units.size() << " translation unit(s)"
-           << (Broken ? ", " + std::to_string(Broken) + " not analysed" : "")
-           << "\n";
-  if (Broken)
-    return 2;
-  return Findings.empty() ? 0 : 1;
+  return analyzeDatabase(std::move(DB), argv[0]);
 }

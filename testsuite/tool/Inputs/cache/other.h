@@ -1,0 +1,2 @@
+/* Only c.c includes this. */
+#include <infiniband/verbs.h>
