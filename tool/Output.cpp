@@ -353,9 +353,10 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
         {"fullDescription", json::Object{{"text", Info.Rationale}}},
         {"help", json::Object{{"text", Info.Fix},
                               {"markdown", Info.Rationale + "\n\n**Fix:** " + Info.Fix}}},
-        {"helpUri", "https://ulplint.invalid/" + Info.Doc},
         {"defaultConfiguration", json::Object{{"level", Info.Severity}}},
-        {"properties", json::Object{{"category", Info.Category}}}});
+        // No helpUri: the docs live in the repository, not at a public URL.
+        {"properties", json::Object{{"category", Info.Category},
+                                    {"documentation", Info.Doc}}}});
   }
   json::Array Results;
   for (const Finding &F : Findings) {
@@ -395,7 +396,6 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
        json::Object{{"driver",
                      json::Object{{"name", "ulplint"},
                                   {"version", ULPLINT_VERSION},
-                                  {"informationUri", "https://ulplint.invalid/"},
                                   {"rules", std::move(RuleList)}}}}},
       {"originalUriBaseIds",
        json::Object{{"SRCROOT", json::Object{{"uri", "file://" + Root}}}}},
