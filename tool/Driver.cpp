@@ -26,6 +26,7 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/ThreadPool.h"
 #include "llvm/Support/Threading.h"
+#include "llvm/Support/WithColor.h"
 #include "llvm/Support/VirtualFileSystem.h"
 #include <chrono>
 #include <mutex>
@@ -132,6 +133,27 @@ loadDatabase(llvm::StringRef BuildPath) {
     return inputError("cannot read compilation database '" + Json +
                       "': " + Err);
   return firstCommandOnly(std::move(DB));
+}
+
+llvm::Expected<std::vector<std::string>>
+databaseFiles(const CompilationDatabase &DB) {
+  std::vector<std::string> Files = DB.getAllFiles();
+  llvm::sort(Files);
+  Files.erase(std::unique(Files.begin(), Files.end()), Files.end());
+  if (Files.empty())
+    return inputError("the compilation database has no entries");
+  return Files;
+}
+
+llvm::Error checkDirectories(const CompilationDatabase &DB,
+                             llvm::ArrayRef<std::string> Files) {
+  for (const std::string &F : Files)
+    for (const CompileCommand &Cmd : DB.getCompileCommands(F))
+      if (!llvm::sys::fs::is_directory(Cmd.Directory))
+        return inputError("compile command for '" + F +
+                          "' runs in missing directory '" + Cmd.Directory +
+                          "'");
+  return llvm::Error::success();
 }
 
 std::unique_ptr<CompilationDatabase>
@@ -583,6 +605,23 @@ static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
   if (Cache && Result.ParseErrors.empty() && !Inputs.empty())
     Cache->store(Key, Result, Inputs);
   return Result;
+}
+
+unsigned reportBrokenUnits(llvm::ArrayRef<UnitResult> Units,
+                           llvm::StringRef Tool) {
+  unsigned Broken = 0;
+  for (const UnitResult &U : Units)
+    if (!U.ParseErrors.empty()) {
+      ++Broken;
+      llvm::WithColor::error(llvm::errs(), Tool)
+          << U.File << ": cannot be analysed: " << U.ParseErrors.front()
+          << (U.ParseErrors.size() > 1
+                  ? " (and " + std::to_string(U.ParseErrors.size() - 1) +
+                        " more errors)"
+                  : std::string())
+          << "\n";
+    }
+  return Broken;
 }
 
 void settleConditions(std::vector<UnitResult> &Units) {

@@ -57,6 +57,14 @@ void settleConditions(std::vector<UnitResult> &Units);
 llvm::Expected<std::unique_ptr<clang::tooling::CompilationDatabase>>
 loadDatabase(llvm::StringRef BuildPath);
 
+/// Every file of \p DB, sorted, each once; an error when there is none.
+llvm::Expected<std::vector<std::string>>
+databaseFiles(const clang::tooling::CompilationDatabase &DB);
+
+/// Each command's directory must exist: clang's tooling aborts otherwise.
+llvm::Error checkDirectories(const clang::tooling::CompilationDatabase &DB,
+                             llvm::ArrayRef<std::string> Files);
+
 /// \p DB answering with one command per file, its first (as clangd does):
 /// a file is analysed once however often a build compiles it.
 std::unique_ptr<clang::tooling::CompilationDatabase>
@@ -85,6 +93,11 @@ llvm::Error verifyConfiguration(const RunOptions &Opts,
 
 /// Names of every registered rdma-* check.
 std::vector<std::string> registeredChecks();
+
+/// One error line per unit that does not parse, from \p Tool; returns how
+/// many there are.
+unsigned reportBrokenUnits(llvm::ArrayRef<UnitResult> Units,
+                           llvm::StringRef Tool);
 
 struct RunStats {
   unsigned Analysed = 0, FromCache = 0;

@@ -547,11 +547,12 @@ int runReport() {
   auto DB = loadDatabase(BuildPath);
   if (!DB)
     return fail(toString(DB.takeError()));
-  std::vector<std::string> Files = (*DB)->getAllFiles();
-  llvm::sort(Files);
-  Files.erase(std::unique(Files.begin(), Files.end()), Files.end());
-  if (Files.empty())
-    return fail("the compilation database has no entries");
+  auto AllFiles = databaseFiles(**DB);
+  if (!AllFiles)
+    return fail(toString(AllFiles.takeError()));
+  const std::vector<std::string> &Files = *AllFiles;
+  if (Error E = checkDirectories(**DB, Files))
+    return fail(toString(std::move(E)));
 
   SmallString<256> Root(SourceRoot.empty() ? commonDirectory(Files)
                                             : std::string(SourceRoot));
@@ -578,13 +579,7 @@ int runReport() {
   }
   writeReport(File ? *File : outs(), Units, Findings, Opts);
 
-  unsigned Broken = 0;
-  for (const UnitResult &U : Units)
-    if (!U.ParseErrors.empty()) {
-      ++Broken;
-      WithColor::error(errs(), "ulplint report")
-          << U.File << ": cannot be analysed: " << U.ParseErrors.front() << "\n";
-    }
+  unsigned Broken = reportBrokenUnits(Units, "ulplint report");
   size_t NumSites = 0;
   for (const UnitResult &U : Units)
     NumSites += U.Sites.Sites.size();

@@ -183,16 +183,9 @@ int explain(StringRef Name) {
 /// Absolute source paths: named on the command line, or all of the database.
 Expected<std::vector<std::string>>
 inputFiles(const clang::tooling::CompilationDatabase &DB) {
+  if (Sources.empty())
+    return databaseFiles(DB);
   std::vector<std::string> Files;
-  if (Sources.empty()) {
-    Files = DB.getAllFiles();
-    llvm::sort(Files);
-    Files.erase(std::unique(Files.begin(), Files.end()), Files.end());
-    if (Files.empty())
-      return createStringError(inconvertibleErrorCode(),
-                               "the compilation database has no entries");
-    return Files;
-  }
   for (const std::string &S : Sources) {
     SmallString<256> Abs(S);
     sys::fs::make_absolute(Abs);
@@ -207,19 +200,6 @@ inputFiles(const clang::tooling::CompilationDatabase &DB) {
     Files.push_back(std::string(Abs));
   }
   return Files;
-}
-
-/// Each command's directory must exist: clang's tooling aborts otherwise.
-Error checkDirectories(const clang::tooling::CompilationDatabase &DB,
-                       ArrayRef<std::string> Files) {
-  for (const std::string &F : Files)
-    for (const auto &Cmd : DB.getCompileCommands(F))
-      if (!sys::fs::is_directory(Cmd.Directory))
-        return createStringError(inconvertibleErrorCode(),
-                                 "compile command for '" + F +
-                                     "' runs in missing directory '" +
-                                     Cmd.Directory + "'");
-  return Error::success();
 }
 
 std::string sourceRoot() {
@@ -322,23 +302,6 @@ int writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
   return 0;
 }
 
-/// One line per unit that does not parse; returns how many.
-unsigned reportBrokenUnits(ArrayRef<UnitResult> Units) {
-  unsigned Broken = 0;
-  for (const UnitResult &U : Units)
-    if (!U.ParseErrors.empty()) {
-      ++Broken;
-      WithColor::error(errs(), "ulplint")
-          << U.File << ": cannot be analysed: " << U.ParseErrors.front()
-          << (U.ParseErrors.size() > 1
-                  ? " (and " + std::to_string(U.ParseErrors.size() - 1) +
-                        " more errors)"
-                  : std::string())
-          << "\n";
-    }
-  return Broken;
-}
-
 void reportBaseline(ArrayRef<Finding> Findings, const OutputOptions &Opts) {
   unsigned New = llvm::count_if(
       Findings, [](const Finding &F) { return F.BaselineState == "new"; });
@@ -387,7 +350,7 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
       errs() << "ulplint: applied fixes of " << *Applied << " finding(s)\n";
   }
 
-  unsigned Broken = reportBrokenUnits(Units);
+  unsigned Broken = reportBrokenUnits(Units, "ulplint");
   if (!Quiet) {
     if (Opts.Baseline)
       reportBaseline(Findings, Opts);
