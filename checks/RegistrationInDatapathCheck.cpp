@@ -101,12 +101,9 @@ void RegistrationInDatapathCheck::run(const TuAnalysis &A) {
         registersLazily(A, *S.Call) || heldPerConnection(A, *S.Call))
       continue;
     const DatapathReason *Why = Inv.datapath(S.Fn);
-    bool InPlace = false;
-    std::vector<FixItHint> Fixes;
-    // A key for the peer must die with its I/O: no cache for those.
+    // Exposed memory gets no cache rewrite (the inventory offers none): its
+    // key must die with its I/O.
     bool Exposed = S.Role == SiteRole::Expose;
-    if (S.Call->Model->E == Effect::MrRegister && !Exposed)
-      Fixes = regcoreCacheRewrite(A, *S.Call, InPlace);
     std::string Target = Exposed && A.domain() != Domain::Kernel
                              ? Inv.replacement(S)
                              : Inv.replacement("datapath_registration");
@@ -118,16 +115,16 @@ void RegistrationInDatapathCheck::run(const TuAnalysis &A) {
                                              : "it is called from '" + Seed + "', which") +
                           " " + Why->What + "; " + cost(A, S.Call->Model->E) +
                           "; use " + Target);
-      if (InPlace)
-        for (const FixItHint &F : Fixes)
+      if (S.FixInPlace)
+        for (const FixItHint &F : S.Fixes)
           D << F;
     }
     note(A, Why->At, "'" + Seed + "' " + Why->What + " here");
-    if (!InPlace && !Fixes.empty()) {
+    if (!S.FixInPlace && S.fixable()) {
       auto N = note(A, S.Loc,
                     "the handle is a struct field: this rewrite changes its "
                     "type and every use in this file");
-      for (const FixItHint &F : Fixes)
+      for (const FixItHint &F : S.Fixes)
         N << F;
     }
   }

@@ -265,15 +265,17 @@ std::optional<int64_t> TuAnalysis::enumValue(StringRef Name) const {
   // the headers' enumerators: index the top-level enums once.
   if (!EnumsIndexed) {
     EnumsIndexed = true;
-    for (const Decl *D : Ctx.getTranslationUnitDecl()->decls())
-      if (const auto *ED = dyn_cast<EnumDecl>(D))
+    auto Index = [&](const EnumDecl *ED) {
+      if (ED)
         for (const EnumConstantDecl *ECD : ED->enumerators())
           Enumerators.try_emplace(ECD->getName(), ECD->getInitVal().getExtValue());
+    };
+    for (const Decl *D : Ctx.getTranslationUnitDecl()->decls())
+      if (const auto *ED = dyn_cast<EnumDecl>(D))
+        Index(ED);
       else if (const auto *TD = dyn_cast<TypedefNameDecl>(D))
         if (const auto *ET = TD->getUnderlyingType()->getAs<EnumType>())
-          if (const EnumDecl *Def = ET->getDecl()->getDefinition())
-            for (const EnumConstantDecl *ECD : Def->enumerators())
-              Enumerators.try_emplace(ECD->getName(), ECD->getInitVal().getExtValue());
+          Index(ET->getDecl()->getDefinition());
   }
   auto It = Enumerators.find(Name);
   if (It != Enumerators.end())

@@ -45,7 +45,13 @@ const Inventory &Inventory::of(const TuAnalysis &A) {
 Inventory::Inventory(const TuAnalysis &A) : A(A) {
   findDatapath();
   RdmaBuffers = rdmaLocalBuffers(A);
-  collectWorkRequests(); // first: PostsRdma decides roles of the calls
+  // First: what the unit does as a whole decides the roles of its sites.
+  scanWorkRequests();
+  UnitRole = unitRole();
+  UsesRdmaRw = llvm::any_of(A.calls(), [](const ApiCall &C) {
+    return C.Model->E == Effect::RwInit;
+  });
+  collectWorkRequests();
   collectCalls();
   collectQueues();
   collectRemoteInvalidations();
@@ -90,20 +96,16 @@ static bool isCoreSite(Effect E) {
          E == Effect::RwMaxSendWr || E == Effect::RwMrFactor;
 }
 
-/// `ib_mr_pool_init(qp, &qp->rdma_mrs, ...)` in a unit that uses rdma_rw:
+/// `ib_mr_pool_init(qp, &qp->rdma_mrs, ...)` (in a unit that uses rdma_rw):
 /// the MRs rdma_rw itself takes on iWARP (ksmbd sets the pool up by hand).
-static bool feedsRdmaRw(const TuAnalysis &A, const ApiCall &C) {
+static bool isRdmaRwPool(const ApiCall &C) {
   if (C.Model->E != Effect::MrPoolInit && C.Model->E != Effect::MrPoolDestroy)
     return false;
   const auto *Pool = dyn_cast_or_null<UnaryOperator>(
       C.arg("pool") ? C.arg("pool")->IgnoreParenImpCasts() : nullptr);
   const auto *ME = Pool ? dyn_cast<MemberExpr>(Pool->getSubExpr()->IgnoreParens())
                         : nullptr;
-  if (!ME || ME->getMemberDecl()->getName() != "rdma_mrs")
-    return false;
-  return llvm::any_of(A.calls(), [](const ApiCall &Other) {
-    return Other.Model->E == Effect::RwInit;
-  });
+  return ME && ME->getMemberDecl()->getName() == "rdma_mrs";
 }
 
 void Inventory::collectCalls() {
@@ -113,8 +115,9 @@ void Inventory::collectCalls() {
     S.Fn = C.Caller;
     S.Api = C.Model->Name;
     S.Call = &C;
-    if (C.Model->CoreManaged || feedsRdmaRw(A, C)) {
-      if (!isCoreSite(C.Model->E) && !feedsRdmaRw(A, C))
+    bool FeedsRdmaRw = UsesRdmaRw && isRdmaRwPool(C);
+    if (C.Model->CoreManaged || FeedsRdmaRw) {
+      if (!isCoreSite(C.Model->E) && !FeedsRdmaRw)
         continue;
       S.Kind = SiteKind::CoreManaged;
       add(std::move(S));
@@ -131,10 +134,9 @@ void Inventory::collectCalls() {
       continue;
     S.Kind = *K;
     S.Role = roleOf(C);
-    if (C.Model->E == Effect::MrRegister && S.Role != SiteRole::Expose) {
-      bool InPlace = false;
-      S.Fixable = !regcoreCacheRewrite(A, C, InPlace).empty();
-    }
+    // A key for the peer must die with its I/O: no cache for those.
+    if (C.Model->E == Effect::MrRegister && S.Role != SiteRole::Expose)
+      S.Fixes = regcoreCacheRewrite(A, C, S.FixInPlace);
     add(std::move(S));
   }
 }
@@ -185,7 +187,7 @@ SiteRole Inventory::roleOf(const ApiCall &C) const {
       return SiteRole::Expose;
     return addressesRdma(C) ? SiteRole::DataTransfer : SiteRole::Local;
   }
-  return unitRole();
+  return UnitRole;
 }
 
 /// Is the registration's MR the local side of an RDMA READ or WRITE here?
@@ -211,34 +213,38 @@ SiteRole Inventory::unitRole() const {
   return PostsRdma ? SiteRole::DataTransfer : SiteRole::Local;
 }
 
+/// Does the unit move data with RDMA READ/WRITE itself?
+void Inventory::scanWorkRequests() {
+  auto IsRdma = [](Opcode Op) {
+    return Op == Opcode::RdmaRead || Op == Opcode::RdmaWrite;
+  };
+  for (const FieldStore &S : A.stores())
+    if (S.Role == "opcode" && S.Value && llvm::any_of(opcodesOf(A, S), IsRdma))
+      PostsRdma = true;
+  for (const ApiCall &C : A.calls())
+    if (!C.Model->CoreManaged && IsRdma(C.Model->Op))
+      PostsRdma = true;
+}
+
+/// REG_MR, BIND_MW and LOCAL_INV work requests built by the unit.
 void Inventory::collectWorkRequests() {
   for (const FieldStore &S : A.stores()) {
     if (S.Role != "opcode" || !S.Value)
       continue;
     for (Opcode Op : opcodesOf(A, S)) {
-      if (Op == Opcode::RdmaRead || Op == Opcode::RdmaWrite)
-        PostsRdma = true;
       if (Op != Opcode::RegMr && Op != Opcode::BindMw && Op != Opcode::LocalInv)
         continue;
       RegistrationSite R;
       R.Kind = Op == Opcode::LocalInv ? SiteKind::Invalidation
                                       : SiteKind::RegistrationPost;
+      R.Role = UnitRole;
       R.Loc = S.Spelling ? S.Spelling->getBeginLoc() : S.At->getBeginLoc();
       R.Fn = S.Fn;
       R.Api = sourceText(A.context(), S.Value);
       if (R.Api.empty() || R.Api.size() > 40)
         R.Api = opcodeName(Op).upper();
-      Sites.push_back(std::move(R)); // role: after all calls are known
+      add(std::move(R));
     }
-  }
-  for (const ApiCall &C : A.calls())
-    if (!C.Model->CoreManaged &&
-        (C.Model->Op == Opcode::RdmaRead || C.Model->Op == Opcode::RdmaWrite))
-      PostsRdma = true;
-  SiteRole Role = unitRole();
-  for (RegistrationSite &S : Sites) {
-    S.Datapath = S.Fn && datapath(S.Fn);
-    S.Role = Role;
   }
 }
 
@@ -398,7 +404,7 @@ void Inventory::exportSites() const {
     R.Line = SM.getExpansionLineNumber(At);
     R.Column = SM.getExpansionColumnNumber(At);
     R.Datapath = S.Datapath;
-    R.Fixable = S.Fixable;
+    R.Fixable = S.fixable();
     std::tie(R.Excerpt, R.ExcerptLine) = excerpt(SM, At);
     Sink->Sites.push_back(std::move(R));
   }

@@ -47,7 +47,10 @@ struct RegistrationSite {
   std::string Api;                 // "ib_alloc_mr", "IB_WR_REG_MR", ...
   const ApiCall *Call = nullptr;   // for calls
   bool Datapath = false;           // runs per I/O (see Datapath below)
-  bool Fixable = false;            // a mechanical fix-it exists
+  /// The registration-cache rewrite (regcoreCacheRewrite), if mechanical.
+  std::vector<clang::FixItHint> Fixes;
+  bool FixInPlace = false;
+  bool fixable() const { return !Fixes.empty(); }
 };
 
 /// Why a function runs once per I/O.
@@ -80,6 +83,7 @@ private:
   SiteRole roleOf(const ApiCall &C) const;
   const ApiCall *producerOf(const ApiCall &C) const;
   SiteRole unitRole() const;
+  void scanWorkRequests();
   bool addressesRdma(const ApiCall &C) const;
   void add(RegistrationSite S);
   void exportSites() const;
@@ -88,6 +92,8 @@ private:
   std::vector<RegistrationSite> Sites;
   std::map<const clang::FunctionDecl *, DatapathReason> Datapath;
   bool PostsRdma = false; // the unit moves data with RDMA READ/WRITE itself
+  bool UsesRdmaRw = false; // the unit calls rdma_rw_ctx_init
+  SiteRole UnitRole = SiteRole::Local; // see unitRole()
   std::vector<ReadSink> RdmaBuffers; // local sides of RDMA READ/WRITE
 };
 
