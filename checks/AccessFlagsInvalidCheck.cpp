@@ -8,7 +8,7 @@ using namespace clang;
 namespace ulplint {
 
 void AccessFlagsInvalidCheck::run(const TuAnalysis &A) {
-  if (!A.accessBit("local_write"))
+  if (!A.flagBit(Flag::LocalWrite))
     return; // the unit does not include a verbs header
   Fixed.clear();
   std::vector<AccessSite> Sites = accessSites(A);
@@ -63,14 +63,14 @@ static const Stmt *originNote(const FlagAlt &Alt, const AccessSite &S) {
 
 void AccessFlagsInvalidCheck::checkRequest(const TuAnalysis &A,
                                            const AccessSite &S) {
-  uint64_t Remote = A.accessBit("remote_write") | A.accessBit("remote_atomic");
-  uint64_t Local = A.accessBit("local_write");
+  uint64_t Remote = A.flagBit(Flag::RemoteWrite) | A.flagBit(Flag::RemoteAtomic);
+  uint64_t Local = A.flagBit(Flag::LocalWrite);
   unsigned Bad = 0;
   const FlagAlt *Alt = missing(S.Value, Remote, Local, Bad);
   if (!Alt)
     return;
   std::string Requested = accessNames(A, S.D, Alt->Known & Remote);
-  StringRef LocalName = A.rules().flagName(S.D, "access", "local_write");
+  StringRef LocalName = A.rules().flagName(S.D, Flag::LocalWrite);
   std::string Msg = "'" + S.What + "' requests " + Requested + " without " +
                     LocalName.str() + "; " + failureOf(S).str();
   if (Bad < S.Value.Alts.size())
@@ -90,7 +90,7 @@ void AccessFlagsInvalidCheck::checkBind(const TuAnalysis &A,
                                         llvm::ArrayRef<AccessSite> Sites) {
   if (!Bind.Region)
     return;
-  uint64_t Remote = A.accessBit("remote_write") | A.accessBit("remote_atomic");
+  uint64_t Remote = A.flagBit(Flag::RemoteWrite) | A.flagBit(Flag::RemoteAtomic);
   uint64_t Granted = 0;
   for (const FlagAlt &Alt : Bind.Value.Alts)
     Granted |= Alt.Known;
@@ -102,20 +102,20 @@ void AccessFlagsInvalidCheck::checkBind(const TuAnalysis &A,
     // window grants remote write or atomic access (ibv_bind_mw(3)).
     std::string Missing;
     std::string Why;
-    auto Require = [&](bool Needed, StringRef Flag, StringRef Reason) {
-      uint64_t Bit = A.accessBit(Flag);
+    auto Require = [&](bool Needed, Flag F, StringRef Reason) {
+      uint64_t Bit = A.flagBit(F);
       unsigned Count = 0;
       // Any registration path that surely lacks the flag breaks the bind.
       if (!Needed || !Bit || !missing(Reg.Value, Always, Bit, Count))
         return;
       Missing += (Missing.empty() ? "" : " | ") +
-                 A.rules().flagName(Reg.D, "access", Flag).str();
+                 A.rules().flagName(Reg.D, F).str();
       Why += (Why.empty() ? "" : "; ") + Reason.str();
     };
-    Require(Granted & Remote, "local_write",
+    Require(Granted & Remote, Flag::LocalWrite,
             "a window granting remote write or atomic access needs local "
             "write access on its MR");
-    Require(true, "mw_bind",
+    Require(true, Flag::MwBind,
             "windows can only be bound to MRs registered for binding");
     if (Missing.empty())
       continue;

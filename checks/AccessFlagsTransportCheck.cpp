@@ -18,7 +18,7 @@ void AccessFlagsTransportCheck::storeOptions(
 }
 
 void AccessFlagsTransportCheck::run(const TuAnalysis &A) {
-  if (!A.accessBit("local_write"))
+  if (!A.flagBit(Flag::LocalWrite))
     return;
   std::vector<AccessSite> Sites = accessSites(A);
   checkTransportTests(A, Sites);
@@ -63,7 +63,7 @@ static bool surelyWithout(const FlagSet &V, uint64_t Bit) {
 
 void AccessFlagsTransportCheck::checkReadSinks(
     const TuAnalysis &A, llvm::ArrayRef<AccessSite> Sites) {
-  uint64_t RemoteWrite = A.accessBit("remote_write");
+  uint64_t RemoteWrite = A.flagBit(Flag::RemoteWrite);
   llvm::DenseSet<const AccessSite *> Reported;
   for (const ReadSink &Sink : readSinks(A)) {
     std::string OtherFileRefuses = "refuses-iwarp:" + A.ulpKey();
@@ -79,7 +79,7 @@ void AccessFlagsTransportCheck::checkReadSinks(
       if (!surelyWithout(Reg->Value, RemoteWrite) ||
           !Reported.insert(Reg).second)
         continue;
-      StringRef Name = A.rules().flagName(Reg->D, "access", "remote_write");
+      StringRef Name = A.rules().flagName(Reg->D, Flag::RemoteWrite);
       reportUnless(A, Reg->Loc,
                    "memory registered without " + Name.str() +
                        " is the sink of an RDMA READ; on iWARP the READ "

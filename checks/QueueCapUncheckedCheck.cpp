@@ -16,11 +16,11 @@ namespace {
 class LimitReads : public RecursiveASTVisitor<LimitReads> {
 public:
   explicit LimitReads(const TuAnalysis &A) : A(A) {}
-  std::map<const FunctionDecl *, std::set<std::string>> Roles;
+  std::map<const FunctionDecl *, std::set<FieldRole>> Roles;
   const FunctionDecl *Current = nullptr;
   bool VisitMemberExpr(MemberExpr *ME) {
     if (auto FS = A.classifyMember(ME))
-      if (StringRef(FS->Role).starts_with("limit_"))
+      if (isDeviceLimit(FS->Role))
         Roles[Current].insert(FS->Role);
     return true;
   }
@@ -30,16 +30,16 @@ private:
 };
 
 struct CapRule {
-  const char *Role;
+  FieldRole Role;
   const char *Limit;      // what to compare with, for the message
-  const char *LimitRole;  // its role in the rules; empty: read back the cap
+  std::optional<FieldRole> LimitRole; // none: read back the cap
 };
-constexpr CapRule CapRules[] = {
-    {"max_send_wr", "the device's max_qp_wr", "limit_wr"},
-    {"max_recv_wr", "the device's max_qp_wr", "limit_wr"},
-    {"max_send_sge", "the device's max_sge", "limit_sge"},
-    {"max_recv_sge", "the device's max_sge", "limit_sge"},
-    {"max_inline_data", "the inline size the device grants", ""},
+const CapRule CapRules[] = {
+    {FieldRole::MaxSendWr, "the device's max_qp_wr", FieldRole::LimitWr},
+    {FieldRole::MaxRecvWr, "the device's max_qp_wr", FieldRole::LimitWr},
+    {FieldRole::MaxSendSge, "the device's max_sge", FieldRole::LimitSge},
+    {FieldRole::MaxRecvSge, "the device's max_sge", FieldRole::LimitSge},
+    {FieldRole::MaxInlineData, "the inline size the device grants", std::nullopt},
 };
 
 /// Functions on the path to a creation: where it is, where the capacity is
@@ -88,21 +88,21 @@ void QueueCapUncheckedCheck::run(const TuAnalysis &A) {
       if (!V || !V->isConstant() || V->Const <= Floor->second)
         continue;
       // rdma_rw_init_qp() clamps max_send_wr when contexts are declared.
-      if (StringRef(Rule.Role) == "max_send_wr" && Q.Caps.count("max_rdma_ctxs"))
+      if (Rule.Role == FieldRole::MaxSendWr && Q.Caps.count(FieldRole::MaxRdmaCtxs))
         continue;
       const FieldStore &S = *Store->second;
       bool Checked = false;
-      if (*Rule.LimitRole) {
+      if (Rule.LimitRole) {
         for (const FunctionDecl *F : pathTo(A, Q, S))
-          Checked |= Limits.Roles[F].count(Rule.LimitRole) ||
-                     Limits.Roles[F].count("limit_recv_sge");
+          Checked |= Limits.Roles[F].count(*Rule.LimitRole) ||
+                     Limits.Roles[F].count(FieldRole::LimitRecvSge);
       } else {
         Checked = readsBack(A, S);
       }
       if (Checked)
         continue;
       report(A, S.Spelling->getBeginLoc(),
-             std::string(Rule.Role) + " = " + std::to_string(V->Const) +
+             fieldRoleName(Rule.Role).str() + " = " + std::to_string(V->Const) +
                  " is requested without comparing it with " + Rule.Limit +
                  "; QP creation fails on devices with smaller limits (" +
                  std::to_string(Floor->second) +

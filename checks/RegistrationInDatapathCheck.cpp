@@ -63,7 +63,7 @@ static bool isConnectionType(const TuAnalysis &A, QualType T) {
 /// `dev->mr`). Registering it happens once per connection even when the
 /// code that does it is reached from the completion path.
 static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
-  const Expr *Handle = C.Model->E == Effect::MrDeregister ? C.arg("mr") : nullptr;
+  const Expr *Handle = C.Model->E == Effect::MrDeregister ? C.arg(ArgRole::Mr) : nullptr;
   std::optional<Location> L =
       Handle ? locationOf(Handle) : A.resultOf(C.Call);
   if (!L)
@@ -106,7 +106,7 @@ void RegistrationInDatapathCheck::run(const TuAnalysis &A) {
     bool Exposed = S.Role == SiteRole::Expose;
     std::string Target = Exposed && A.domain() != Domain::Kernel
                              ? Inv.replacement(S)
-                             : Inv.replacement("datapath_registration");
+                             : Inv.replacement(MigrationKey::DatapathRegistration);
     std::string Seed = Why->Seed->getNameAsString();
     {
       auto D = report(A, S.Loc,

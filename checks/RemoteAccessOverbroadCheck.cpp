@@ -9,7 +9,7 @@ using namespace clang;
 namespace ulplint {
 
 void RemoteAccessOverbroadCheck::run(const TuAnalysis &A) {
-  if (!A.accessBit("local_write"))
+  if (!A.flagBit(Flag::LocalWrite))
     return;
   for (const AccessSite &S : accessSites(A)) {
     if (S.K != AccessSite::Registration && S.K != AccessSite::FastReg)
@@ -21,8 +21,8 @@ void RemoteAccessOverbroadCheck::run(const TuAnalysis &A) {
 }
 
 static uint64_t remoteBits(const TuAnalysis &A) {
-  return A.accessBit("remote_write") | A.accessBit("remote_read") |
-         A.accessBit("remote_atomic");
+  return A.flagBit(Flag::RemoteWrite) | A.flagBit(Flag::RemoteRead) |
+         A.flagBit(Flag::RemoteAtomic);
 }
 
 /// Storage that code in other translation units cannot name.
@@ -73,8 +73,8 @@ void RemoteAccessOverbroadCheck::checkImplicitOdp(const TuAnalysis &A,
                                                   const AccessSite &S) {
   if (S.K != AccessSite::Registration)
     return;
-  const Expr *Addr = S.Call->arg("addr");
-  const Expr *Length = S.Call->arg("length");
+  const Expr *Addr = S.Call->arg(ArgRole::Addr);
+  const Expr *Length = S.Call->arg(ArgRole::Length);
   if (!Addr || !Length)
     return;
   ValueEval VE = A.values(S.Fn);
@@ -84,7 +84,7 @@ void RemoteAccessOverbroadCheck::checkImplicitOdp(const TuAnalysis &A,
                       Expr::NPC_ValueDependentIsNotNull) != Expr::NPCK_NotNull;
   if (!ZeroAddr || !isAllOnes(VE.constant(Length), Length, Ctx))
     return;
-  uint64_t OnDemand = A.accessBit("on_demand");
+  uint64_t OnDemand = A.flagBit(Flag::OnDemand);
   uint64_t Remote = remoteBits(A);
   for (const FlagAlt &Alt : S.Value.Alts) {
     if (!(Alt.Known & OnDemand) || !(Alt.Known & Remote))
@@ -99,12 +99,12 @@ void RemoteAccessOverbroadCheck::checkImplicitOdp(const TuAnalysis &A,
 }
 
 void RemoteAccessOverbroadCheck::checkGlobalRkey(const TuAnalysis &A) {
-  StringRef Name = A.rules().flagName(Domain::Kernel, "pd", "unsafe_global_rkey");
+  StringRef Name = A.rules().flagName(Domain::Kernel, Flag::UnsafeGlobalRkey);
   std::optional<int64_t> Bit = A.enumValue(Name);
   if (!Bit || !*Bit)
     return;
   for (const ApiCall &C : A.calls()) {
-    const Expr *Flags = C.Model->E == Effect::PdAlloc ? C.arg("flags") : nullptr;
+    const Expr *Flags = C.Model->E == Effect::PdAlloc ? C.arg(ArgRole::Flags) : nullptr;
     if (!Flags)
       continue;
     FlagSet V = A.values(C.Caller).flags(Flags);

@@ -8,7 +8,7 @@ using namespace clang;
 namespace ulplint {
 
 void RemoteInvalidateUncheckedCheck::run(const TuAnalysis &A) {
-  StringRef Flag = A.rules().flagName(A.domain(), "completion", "with_invalidate");
+  StringRef FlagText = A.flagName(Flag::WithInvalidate);
   StringRef Field = A.domain() == Domain::Kernel ? "wc->ex.invalidate_rkey"
                                                  : "wc->invalidated_rkey";
   for (const Lifecycle::RemoteInvalidation &R :
@@ -16,7 +16,7 @@ void RemoteInvalidateUncheckedCheck::run(const TuAnalysis &A) {
     if (R.Checked)
       continue;
     report(A, R.If->getCond()->getBeginLoc(),
-           "completion with " + Flag.str() +
+           "completion with " + FlagText.str() +
                " is accepted without comparing the invalidated rkey (" +
                Field.str() +
                ") with the request's; a peer that invalidates another key "

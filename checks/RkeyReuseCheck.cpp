@@ -47,7 +47,7 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
   std::set<std::string> Done;
   // Fast registrations of an MR that is used again and again.
   for (const FieldStore &S : A.stores()) {
-    if (S.Role != "reg_mr" || !S.Value || !isHandleType(A, stripExpr(S.Value)->getType()))
+    if (S.Role != FieldRole::RegMr || !S.Value || !isHandleType(A, stripExpr(S.Value)->getType()))
       continue;
     auto Loc = locationOf(S.Value);
     if (!Loc)
@@ -96,13 +96,13 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
   };
   for (const ApiCall &C : A.calls())
     if (C.Model->E == Effect::WrxOp && C.Model->Op == Opcode::BindMw)
-      CheckBindKey(C.Caller, C.arg("rkey"), C.arg("mw"));
+      CheckBindKey(C.Caller, C.arg(ArgRole::Rkey), C.arg(ArgRole::Mw));
   for (const FieldStore &S : A.stores()) {
-    if (S.Role != "bind_rkey" || !S.Value)
+    if (S.Role != FieldRole::BindRkey || !S.Value)
       continue;
     const FieldStore *Mw = nullptr;
     for (const FieldStore &O : A.stores())
-      if (O.Role == "bind_mw" && O.Fn == S.Fn &&
+      if (O.Role == FieldRole::BindMw && O.Fn == S.Fn &&
           A.sameStorage(O.Object, O.Fn, S.Object, S.Fn))
         Mw = &O;
     if (Mw && Mw->Value)

@@ -73,12 +73,12 @@ void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
   bool Here = W.postsRegistrations();
   llvm::DenseSet<const FunctionDecl *> Reported;
   for (const FieldStore &S : A.stores()) {
-    if (S.Role != "max_send_wr" || S.Struct->Role != "qp_init_attr" ||
+    if (S.Role != FieldRole::MaxSendWr || S.Struct->Role != StructRole::QpInitAttr ||
         Reported.count(S.Fn))
       continue;
     // rdma_rw users size their contexts; their max_send_wr is their own.
     bool UsesRw = llvm::any_of(A.stores(), [&](const FieldStore &O) {
-      return O.Role == "max_rdma_ctxs" &&
+      return O.Role == FieldRole::MaxRdmaCtxs &&
              A.sameStorage(O.Object, O.Fn, S.Object, S.Fn);
     });
     std::optional<Linear> V = linearAfter(A, S.Fn, S.Target, S.At);

@@ -13,7 +13,7 @@ void SendQueueUndersizedCheck::run(const TuAnalysis &A) {
   if (W.creations().size() != 1 || W.posts().empty())
     return;
   const QpCreation &Q = W.creations().front();
-  std::optional<Linear> Size = capValue(A, Q, "max_send_wr");
+  std::optional<Linear> Size = capValue(A, Q, FieldRole::MaxSendWr);
   if (Q.CoreManaged || !Size || Size->Opaque || Size->Terms.size() != 1 ||
       !Size->Terms.front().Factors.empty())
     return;
@@ -23,7 +23,7 @@ void SendQueueUndersizedCheck::run(const TuAnalysis &A) {
   int64_t PerRequest = Size->Terms.front().Coef;
   int64_t Cost = static_cast<int64_t>(Slots.size());
   int64_t Drain = W.drains() ? 1 : 0;
-  const FieldStore *Store = Q.Caps.at("max_send_wr");
+  const FieldStore *Store = Q.Caps.at(FieldRole::MaxSendWr);
   std::string Depth = Size->Terms.front().Symbol;
   if (Cost > PerRequest) {
     report(A, Store->Spelling->getBeginLoc(),

@@ -19,7 +19,7 @@ void UnsignaledSendStarvationCheck::checkNeverSignaled(const TuAnalysis &A,
                                                        const WorkRequests &W) {
   if (!W.posts().empty() && W.mayRequestCompletion())
     return;
-  StringRef Flag = A.rules().flagName(A.domain(), "send", "signaled");
+  StringRef FlagText = A.flagName(Flag::Signaled);
   std::string Ulp = A.ulpKey();
   for (const QpCreation &Q : W.creations()) {
     if (Q.CoreManaged || !Q.SignalAll || *Q.SignalAll)
@@ -29,7 +29,7 @@ void UnsignaledSendStarvationCheck::checkNeverSignaled(const TuAnalysis &A,
       // The posts live in other files of the ULP.
       reportIfProgram(A, Loc,
                       "only work requests that ask for it are signaled on this "
-                      "QP, but no post of this ULP sets " + Flag.str() +
+                      "QP, but no post of this ULP sets " + FlagText.str() +
                           "; completed send-queue entries are never reclaimed "
                           "and posts fail once the queue fills",
                       {"posts:" + Ulp}, {"signals:" + Ulp});
@@ -37,7 +37,7 @@ void UnsignaledSendStarvationCheck::checkNeverSignaled(const TuAnalysis &A,
     }
     report(A, Loc,
            "only work requests that ask for it are signaled on this QP, but "
-           "no post in this file sets " + Flag.str() +
+           "no post in this file sets " + FlagText.str() +
                "; completed send-queue entries are never reclaimed and posts "
                "fail once the queue fills");
     for (const PostSite &P : W.posts())
@@ -148,8 +148,7 @@ static const Expr *signalCondition(const TuAnalysis &A, const FunctionDecl *Fn,
 
 void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
                                                        const WorkRequests &W) {
-  uint64_t Bit = static_cast<uint64_t>(
-      A.enumValue(A.rules().flagName(A.domain(), "send", "signaled")).value_or(0));
+  uint64_t Bit = A.flagBit(Flag::Signaled);
   llvm::DenseSet<const Expr *> Reported;
   for (const PostSite &P : W.posts())
     for (const WrSlot &S : P.Chain) {

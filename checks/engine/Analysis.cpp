@@ -115,7 +115,7 @@ public:
       Calls.push_back({CE, M, FD});
       // regcore_mr_get(core, buf, len, flags, &mr): the handle comes back
       // through an out-parameter.
-      if (std::optional<unsigned> Out = M->arg("out"))
+      if (std::optional<unsigned> Out = M->arg(ArgRole::Out))
         if (*Out < CE->getNumArgs())
           if (auto L = locationOf(CE->getArg(*Out)))
             OnResult(CE, *L);
@@ -168,12 +168,6 @@ void TuAnalysis::collect() {
   findIWarpGuard();
   if (IWarpGuard)
     exportFact("refuses-iwarp:" + ulpKey());
-  // Enumerator values come from the unit's own headers.
-  for (const char *Flag : {"local_write", "remote_write", "remote_read",
-                           "remote_atomic", "mw_bind", "on_demand",
-                           "zero_based"})
-    AccessBits[Flag] = static_cast<uint64_t>(
-        enumValue(R.flagName(TuDomain, "access", Flag)).value_or(0));
 }
 
 namespace {
@@ -488,7 +482,7 @@ std::optional<FieldStore> TuAnalysis::classify(const Location &Target) const {
 }
 
 std::optional<Location> TuAnalysis::member(const Location &Object,
-                                           StringRef Role) const {
+                                           FieldRole Role) const {
   QualType T = typeAt(Object, Object.Steps.size());
   const StructModel *S = structOf(T);
   if (!S)
@@ -649,16 +643,15 @@ std::vector<TuAnalysis::Use> TuAnalysis::usesOf(const Location &Handle,
   return Out;
 }
 
-uint64_t TuAnalysis::accessBit(StringRef Flag) const {
-  auto It = AccessBits.find(Flag);
-  return It == AccessBits.end() ? 0 : It->second;
+uint64_t TuAnalysis::flagBit(Flag F) const {
+  // Enumerator values come from the unit's own headers.
+  auto [It, New] = FlagBits.try_emplace(F, 0);
+  if (New)
+    It->second = static_cast<uint64_t>(enumValue(flagName(F)).value_or(0));
+  return It->second;
 }
 
-StringRef TuAnalysis::accessName(StringRef Flag) const {
-  return R.flagName(TuDomain, "access", Flag);
-}
-
-const Expr *ApiCall::arg(StringRef Role) const {
+const Expr *ApiCall::arg(ArgRole Role) const {
   std::optional<unsigned> Index = Model->arg(Role);
   if (!Index || *Index >= Call->getNumArgs())
     return nullptr;

@@ -14,6 +14,7 @@
 #include "Rules.h"
 #include "clang/Basic/SourceLocation.h"
 #include "llvm/ADT/DenseMap.h"
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -33,14 +34,14 @@ struct ApiCall {
   const clang::FunctionDecl *Caller = nullptr;
 
   /// The argument with \p Role, or null when the model has no such role.
-  const clang::Expr *arg(llvm::StringRef Role) const;
+  const clang::Expr *arg(ArgRole Role) const;
 };
 
 /// A store into a field with a modelled role: `wr.opcode = IBV_WR_SEND`,
 /// `req->reg_wr.access = ...`, a designated initializer `.opcode = ...`.
 struct FieldStore {
   const StructModel *Struct = nullptr;
-  std::string Role;
+  FieldRole Role = FieldRole::Opcode;
   /// The object the field belongs to (`req.reg_wr.wr` for a work request;
   /// containers such as ib_reg_wr are normalised to their embedded WR).
   Location Object;
@@ -139,7 +140,7 @@ public:
 
   /// The member of \p Object that has \p Role in its struct model
   /// (`wr` + send_flags -> `wr.send_flags`), if the model names one.
-  std::optional<Location> member(const Location &Object, llvm::StringRef Role) const;
+  std::optional<Location> member(const Location &Object, FieldRole Role) const;
 
   /// Value of an enumerator declared in the unit, by name.
   std::optional<int64_t> enumValue(llvm::StringRef Name) const;
@@ -155,10 +156,11 @@ public:
   /// Tells the whole program (ulplint only) a fact about this unit.
   void exportFact(llvm::StringRef Fact) const;
 
-  /// Access-flag bit of a flag name in the rules (e.g. local_write).
-  uint64_t accessBit(llvm::StringRef Flag) const;
-  /// Spelling of an access flag in this unit's API.
-  llvm::StringRef accessName(llvm::StringRef Flag) const;
+  /// The value of \p F's enumerator in this unit's API (its headers), or 0
+  /// when the unit does not declare it.
+  uint64_t flagBit(Flag F) const;
+  /// Spelling of \p F in this unit's API.
+  llvm::StringRef flagName(Flag F) const { return R.flagName(TuDomain, F); }
 
 private:
   void collect();
@@ -177,7 +179,7 @@ private:
   mutable llvm::DenseMap<const clang::FunctionDecl *,
                          std::unique_ptr<FunctionFlow>>
       Flows;
-  llvm::StringMap<uint64_t> AccessBits;
+  mutable std::map<Flag, uint64_t> FlagBits;
   llvm::DenseMap<const clang::CallExpr *, Location> Results;
   std::vector<std::pair<const clang::CallExpr *, const clang::FunctionDecl *>>
       DirectCalls;

@@ -29,6 +29,15 @@ StringRef siteKindName(SiteKind K) {
   llvm_unreachable("site kind");
 }
 
+MigrationKey migrationKeyOf(SiteRole R) {
+  switch (R) {
+  case SiteRole::Expose: return MigrationKey::Expose;
+  case SiteRole::DataTransfer: return MigrationKey::DataTransfer;
+  case SiteRole::Local: return MigrationKey::Local;
+  }
+  llvm_unreachable("site role");
+}
+
 StringRef siteRoleName(SiteRole R) {
   switch (R) {
   case SiteRole::Expose: return "expose";
@@ -102,7 +111,7 @@ static bool isRdmaRwPool(const ApiCall &C) {
   if (C.Model->E != Effect::MrPoolInit && C.Model->E != Effect::MrPoolDestroy)
     return false;
   const auto *Pool = dyn_cast_or_null<UnaryOperator>(
-      C.arg("pool") ? C.arg("pool")->IgnoreParenImpCasts() : nullptr);
+      C.arg(ArgRole::Pool) ? C.arg(ArgRole::Pool)->IgnoreParenImpCasts() : nullptr);
   const auto *ME = Pool ? dyn_cast<MemberExpr>(Pool->getSubExpr()->IgnoreParens())
                         : nullptr;
   return ME && ME->getMemberDecl()->getName() == "rdma_mrs";
@@ -156,7 +165,7 @@ static bool registrationExposes(const TuAnalysis &A, const ApiCall &C) {
 /// The registration or allocation whose handle \p C works on (the MR a
 /// dereg, pool put or map takes), if this unit makes it.
 const ApiCall *Inventory::producerOf(const ApiCall &C) const {
-  const Expr *Handle = C.arg("mr");
+  const Expr *Handle = C.arg(ArgRole::Mr);
   std::optional<Location> L = Handle ? locationOf(Handle) : std::nullopt;
   if (!L)
     return nullptr;
@@ -219,7 +228,7 @@ void Inventory::scanWorkRequests() {
     return Op == Opcode::RdmaRead || Op == Opcode::RdmaWrite;
   };
   for (const FieldStore &S : A.stores())
-    if (S.Role == "opcode" && S.Value && llvm::any_of(opcodesOf(A, S), IsRdma))
+    if (S.Role == FieldRole::Opcode && S.Value && llvm::any_of(opcodesOf(A, S), IsRdma))
       PostsRdma = true;
   for (const ApiCall &C : A.calls())
     if (!C.Model->CoreManaged && IsRdma(C.Model->Op))
@@ -229,7 +238,7 @@ void Inventory::scanWorkRequests() {
 /// REG_MR, BIND_MW and LOCAL_INV work requests built by the unit.
 void Inventory::collectWorkRequests() {
   for (const FieldStore &S : A.stores()) {
-    if (S.Role != "opcode" || !S.Value)
+    if (S.Role != FieldRole::Opcode || !S.Value)
       continue;
     for (Opcode Op : opcodesOf(A, S)) {
       if (Op != Opcode::RegMr && Op != Opcode::BindMw && Op != Opcode::LocalInv)
@@ -252,12 +261,12 @@ void Inventory::collectQueues() {
   for (const QpCreation &Q : WorkRequests::of(A).creations()) {
     if (Q.CoreManaged)
       continue;
-    auto It = Q.Caps.find("max_send_wr");
+    auto It = Q.Caps.find(FieldRole::MaxSendWr);
     if (It == Q.Caps.end() || !It->second)
       continue;
     RegistrationSite S;
     // With cap.max_rdma_ctxs the core adds the room its contexts need.
-    S.Kind = Q.Caps.count("max_rdma_ctxs") ? SiteKind::CoreManaged
+    S.Kind = Q.Caps.count(FieldRole::MaxRdmaCtxs) ? SiteKind::CoreManaged
                                            : SiteKind::QueueSizing;
     S.Loc = It->second->Spelling ? It->second->Spelling->getBeginLoc()
                                  : Q.Call->Call->getBeginLoc();
@@ -268,8 +277,8 @@ void Inventory::collectQueues() {
 }
 
 void Inventory::collectRemoteInvalidations() {
-  StringRef Flag =
-      A.rules().flagName(A.domain(), "completion", "with_invalidate");
+  StringRef FlagText =
+      A.flagName(Flag::WithInvalidate);
   for (const Lifecycle::RemoteInvalidation &R :
        Lifecycle::of(A).remoteInvalidations()) {
     RegistrationSite S;
@@ -277,7 +286,7 @@ void Inventory::collectRemoteInvalidations() {
     S.Role = SiteRole::Expose;
     S.Loc = R.If->getCond()->getBeginLoc();
     S.Fn = R.Fn;
-    S.Api = Flag.str();
+    S.Api = FlagText.str();
     add(std::move(S));
   }
 }
@@ -287,7 +296,7 @@ void Inventory::collectRemoteInvalidations() {
 static bool handlesCompletions(const TuAnalysis &A, const FunctionDecl *Fn) {
   return llvm::any_of(Fn->parameters(), [&](const ParmVarDecl *P) {
     const StructModel *S = A.structOf(P->getType());
-    return S && S->Role == "wc" && P->getType()->isPointerType();
+    return S && S->Role == StructRole::Wc && P->getType()->isPointerType();
   });
 }
 
@@ -336,22 +345,22 @@ const DatapathReason *Inventory::datapath(const FunctionDecl *Fn) const {
   return It == Datapath.end() ? nullptr : &It->second;
 }
 
-std::string Inventory::replacement(StringRef Key) const {
+std::string Inventory::replacement(MigrationKey Key) const {
   const auto &M = A.rules().domain(A.domain()).Migration;
-  auto It = M.find(Key.str());
+  auto It = M.find(Key);
   return It == M.end() ? std::string() : It->second;
 }
 
 std::string Inventory::replacement(const RegistrationSite &S) const {
   switch (S.Kind) {
   case SiteKind::QueueSizing:
-    return replacement("queue_sizing");
+    return replacement(MigrationKey::QueueSizing);
   case SiteKind::RemoteInvalidation:
-    return replacement("remote_invalidation");
+    return replacement(MigrationKey::RemoteInvalidation);
   case SiteKind::CoreManaged:
     return "";
   default:
-    return replacement(siteRoleName(S.Role));
+    return replacement(migrationKeyOf(S.Role));
   }
 }
 

@@ -38,6 +38,8 @@ enum class SiteRole { Expose, DataTransfer, Local };
 
 llvm::StringRef siteKindName(SiteKind K);
 llvm::StringRef siteRoleName(SiteRole R);
+/// The `migration` entry of the rules that replaces sites of role \p R.
+MigrationKey migrationKeyOf(SiteRole R);
 
 struct RegistrationSite {
   SiteKind Kind = SiteKind::Allocation;
@@ -72,7 +74,7 @@ public:
   const DatapathReason *datapath(const clang::FunctionDecl *Fn) const;
   /// The core API that replaces a site (rules/api/*.yaml, `migration`).
   std::string replacement(const RegistrationSite &S) const;
-  std::string replacement(llvm::StringRef MigrationKey) const;
+  std::string replacement(MigrationKey Key) const;
 
 private:
   void collectCalls();

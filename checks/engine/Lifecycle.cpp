@@ -18,10 +18,10 @@ bool isHandleType(const TuAnalysis &A, QualType T, bool *Window) {
   if (T.isNull() || !T->isPointerType())
     return false;
   const StructModel *S = A.structOf(T);
-  if (!S || (S->Role != "mr" && S->Role != "mw"))
+  if (!S || (S->Role != StructRole::Mr && S->Role != StructRole::Mw))
     return false;
   if (Window)
-    *Window = S->Role == "mw";
+    *Window = S->Role == StructRole::Mw;
   return true;
 }
 
@@ -48,8 +48,8 @@ std::optional<Location> keyOwner(const TuAnalysis &A, const Expr *E) {
   if (!L || L->Steps.empty())
     return std::nullopt;
   std::optional<FieldStore> F = A.classify(*L);
-  if (!F || (F->Role != "rkey" && F->Role != "lkey") ||
-      (F->Struct->Role != "mr" && F->Struct->Role != "mw"))
+  if (!F || (F->Role != FieldRole::Rkey && F->Role != FieldRole::Lkey) ||
+      (F->Struct->Role != StructRole::Mr && F->Struct->Role != StructRole::Mw))
     return std::nullopt;
   return F->Object;
 }
@@ -67,7 +67,7 @@ public:
       for (const Def &D : A.flow(Fn).defs()) {
         if (D.K != Def::Assign || !D.Value)
           continue;
-        std::optional<std::string> Role = role(Fn, D.Value);
+        std::optional<FieldRole> Role = role(Fn, D.Value);
         if (!Role)
           continue;
         std::string Key = D.Target.Steps.empty()
@@ -79,14 +79,14 @@ public:
   }
 
   /// "wc_flags" / "invalidated_rkey" for an expression that reads one.
-  std::optional<std::string> role(const FunctionDecl *Fn, const Expr *E) const {
+  std::optional<FieldRole> role(const FunctionDecl *Fn, const Expr *E) const {
     std::optional<Location> L = locationOf(E);
     if (!L)
       return std::nullopt;
     if (!L->Steps.empty())
       if (auto F = A.classify(*L))
-        if (F->Struct->Role == "wc" &&
-            (F->Role == "wc_flags" || F->Role == "invalidated_rkey"))
+        if (F->Struct->Role == StructRole::Wc &&
+            (F->Role == FieldRole::WcFlags || F->Role == FieldRole::InvalidatedRkey))
           return F->Role;
     Location R = A.flow(Fn).resolve(*L);
     std::string Key = R.Steps.empty() ? Fn->getName().str() + "::" + R.str()
@@ -99,7 +99,7 @@ public:
 
 private:
   const TuAnalysis &A;
-  std::map<std::string, std::string> Copies;
+  std::map<std::string, FieldRole> Copies;
 };
 
 
@@ -125,11 +125,11 @@ public:
         continue;
       if (C.Model->E == Effect::MrRegister) {
         if (auto Result = A.resultOf(C.Call))
-          if (const Expr *Buf = C.arg("addr"))
+          if (const Expr *Buf = C.arg(ArgRole::Addr))
             bufferOf(Fn, Buf, slotOf(A, *Result, Fn));
       } else if (C.Model->E == Effect::MrMap) {
-        if (auto Slot = handleSlot(Fn, C.arg("mr")))
-          if (const Expr *Sg = C.arg("sg"))
+        if (auto Slot = handleSlot(Fn, C.arg(ArgRole::Mr)))
+          if (const Expr *Sg = C.arg(ArgRole::Sg))
             bufferOf(Fn, Sg, *Slot);
       }
     }
@@ -244,7 +244,7 @@ private:
     const CallExpr *CE = C.Call;
     SourceLocation Loc = CE->getBeginLoc();
     StringRef Name = C.Model->Name;
-    auto On = [&](LifeEventKind K, const char *Role) {
+    auto On = [&](LifeEventKind K, ArgRole Role) {
       bool Window = false;
       if (auto Slot = handleSlot(Fn, C.arg(Role), &Window)) {
         LifeEvent E = event(K, *Slot, Fn, CE, Loc, Name);
@@ -273,31 +273,31 @@ private:
     }
     case Effect::MrDeregister:
     case Effect::MwDealloc:
-      On(LifeEventKind::Deregister, C.Model->E == Effect::MwDealloc ? "mw" : "mr");
+      On(LifeEventKind::Deregister, C.Model->E == Effect::MwDealloc ? ArgRole::Mw : ArgRole::Mr);
       break;
     case Effect::MrPoolPut:
-      On(LifeEventKind::Release, "mr");
+      On(LifeEventKind::Release, ArgRole::Mr);
       break;
     case Effect::RkeyRotate:
-      On(LifeEventKind::Rotate, "mr");
+      On(LifeEventKind::Rotate, ArgRole::Mr);
       break;
     case Effect::MwBind:
-      On(LifeEventKind::Expose, "mw");
+      On(LifeEventKind::Expose, ArgRole::Mw);
       break;
     case Effect::WrxOp:
       if (C.Model->Op == Opcode::BindMw)
-        On(LifeEventKind::Expose, "mw");
+        On(LifeEventKind::Expose, ArgRole::Mw);
       if (C.Model->Op == Opcode::LocalInv)
-        if (auto Slot = keySlot(Fn, C.arg("invalidate_rkey")))
+        if (auto Slot = keySlot(Fn, C.arg(ArgRole::InvalidateRkey)))
           add(event(LifeEventKind::InvalidatePost, *Slot, Fn, CE, Loc, Name));
       break;
     case Effect::DmaUnmap:
     case Effect::BufferFree:
-      released(Fn, CE, C.arg(C.Model->E == Effect::DmaUnmap ? "sg" : "buffer"),
+      released(Fn, CE, C.arg(C.Model->E == Effect::DmaUnmap ? ArgRole::Sg : ArgRole::Buffer),
                Name);
       break;
     case Effect::ContainerRecycle:
-      released(Fn, CE, C.arg("entry"), Name, /*EntryOfContainer=*/true);
+      released(Fn, CE, C.arg(ArgRole::Entry), Name, /*EntryOfContainer=*/true);
       break;
     case Effect::WaitCompletion:
     case Effect::CqPoll:
@@ -339,9 +339,9 @@ private:
   }
 
   bool remote(const FunctionDecl *Fn, const ApiCall &C) {
-    uint64_t Remote = A.accessBit("remote_write") | A.accessBit("remote_read") |
-                      A.accessBit("remote_atomic");
-    const Expr *Access = C.arg("access");
+    uint64_t Remote = A.flagBit(Flag::RemoteWrite) | A.flagBit(Flag::RemoteRead) |
+                      A.flagBit(Flag::RemoteAtomic);
+    const Expr *Access = C.arg(ArgRole::Access);
     if (!Access)
       return false;
     for (const FlagAlt &Alt : A.values(Fn).flags(Access).Alts)
@@ -530,28 +530,28 @@ private:
   void posted(const FunctionDecl *Fn, const PostSite &P) {
     const Stmt *S = P.Call->Call;
     SourceLocation Loc = S->getBeginLoc();
-    uint64_t Remote = A.accessBit("remote_write") | A.accessBit("remote_read") |
-                      A.accessBit("remote_atomic");
+    uint64_t Remote = A.flagBit(Flag::RemoteWrite) | A.flagBit(Flag::RemoteRead) |
+                      A.flagBit(Flag::RemoteAtomic);
     for (const WrSlot &W : P.Chain) {
       if (W.mayBe(Opcode::RegMr)) {
         bool Grants = false;
-        for (const FieldStore *Acc : slotStores(A, W, "access"))
+        for (const FieldStore *Acc : slotStores(A, W, FieldRole::Access))
           for (const FlagAlt &Alt :
                A.values(Acc->Fn)
                    .flagsAfter(A.flow(Acc->Fn).resolve(Acc->Target), Acc->At)
                    .Alts)
             Grants |= (Alt.Known & Remote) != 0;
         if (Grants)
-          for (const FieldStore *Mr : slotStores(A, W, "reg_mr"))
+          for (const FieldStore *Mr : slotStores(A, W, FieldRole::RegMr))
             if (auto Slot = handleSlot(Mr->Fn, Mr->Value))
               add(event(LifeEventKind::Expose, *Slot, Fn, S, Loc, "IB_WR_REG_MR"));
       }
       if (W.mayBe(Opcode::BindMw))
-        for (const FieldStore *Mw : slotStores(A, W, "bind_mw"))
+        for (const FieldStore *Mw : slotStores(A, W, FieldRole::BindMw))
           if (auto Slot = handleSlot(Mw->Fn, Mw->Value))
             add(event(LifeEventKind::Expose, *Slot, Fn, S, Loc, "IBV_WR_BIND_MW"));
       if (W.mayBe(Opcode::LocalInv))
-        for (const FieldStore *Key : slotStores(A, W, "invalidate_rkey"))
+        for (const FieldStore *Key : slotStores(A, W, FieldRole::InvalidateRkey))
           if (auto Slot = keySlot(Key->Fn, Key->Value)) {
             LifeEvent E = event(LifeEventKind::InvalidatePost, *Slot, Fn, S, Loc,
                                 "LOCAL_INV");
@@ -598,12 +598,12 @@ int invalidationTest(const TuAnalysis &A, const CompletionFields &CF,
   if (!BO)
     return 0;
   if (BO->getOpcode() == BO_And) {
-    StringRef Flag = A.rules().flagName(A.domain(), "completion", "with_invalidate");
+    StringRef FlagText = A.flagName(Flag::WithInvalidate);
     auto IsFlag = [&](const Expr *E) {
       const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(E));
-      return DRE && DRE->getDecl()->getName() == Flag;
+      return DRE && DRE->getDecl()->getName() == FlagText;
     };
-    auto IsFlags = [&](const Expr *E) { return CF.role(Fn, E) == "wc_flags"; };
+    auto IsFlags = [&](const Expr *E) { return CF.role(Fn, E) == FieldRole::WcFlags; };
     if ((IsFlag(BO->getRHS()) && IsFlags(BO->getLHS())) ||
         (IsFlag(BO->getLHS()) && IsFlags(BO->getRHS())))
       return 1;
@@ -671,7 +671,7 @@ public:
   }
 
   bool readsInvalidatedKey(const Expr *E) {
-    if (CF.role(Fn, E) == "invalidated_rkey")
+    if (CF.role(Fn, E) == FieldRole::InvalidatedRkey)
       return true;
     if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(E)))
       if (KeyParams.count(DRE->getDecl()))
@@ -681,14 +681,14 @@ public:
       if (L->Steps.empty())
         for (const Def *D : A.flow(Fn).reaching(*L, E))
           if (D && D->K == Def::Assign && D->Value &&
-              CF.role(Fn, D->Value) == "invalidated_rkey")
+              CF.role(Fn, D->Value) == FieldRole::InvalidatedRkey)
             return true;
     return false;
   }
 
   bool carriesCompletion(const Expr *E) {
     const StructModel *S = A.structOf(stripExpr(E)->getType());
-    return S && S->Role == "wc";
+    return S && S->Role == StructRole::Wc;
   }
 
   const TuAnalysis &A;

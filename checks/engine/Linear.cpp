@@ -50,7 +50,7 @@ public:
   bool Found = false;
   bool VisitMemberExpr(MemberExpr *ME) {
     if (auto FS = A.classifyMember(ME))
-      if (StringRef(FS->Role).starts_with("limit_"))
+      if (isDeviceLimit(FS->Role))
         Found = true;
     return !Found;
   }

@@ -211,6 +211,61 @@ static constexpr std::pair<Opcode, llvm::StringLiteral> OpcodeNames[] = {
     {Opcode::Other, "other"},
 };
 
+static constexpr std::pair<StructRole, llvm::StringLiteral> StructRoleNames[] = {
+#define STRUCT_ROLE(Id, Name) {StructRole::Id, Name},
+#include "Vocabulary.def"
+};
+static constexpr std::pair<FieldRole, llvm::StringLiteral> FieldRoleNames[] = {
+#define FIELD_ROLE(Id, Name) {FieldRole::Id, Name},
+#include "Vocabulary.def"
+};
+static constexpr std::pair<ArgRole, llvm::StringLiteral> ArgRoleNames[] = {
+#define ARG_ROLE(Id, Name) {ArgRole::Id, Name},
+#include "Vocabulary.def"
+};
+struct FlagSpelling {
+  Flag F;
+  llvm::StringLiteral Family, Name;
+};
+static constexpr FlagSpelling FlagNames[] = {
+#define FLAG(Id, Family, Name) {Flag::Id, Family, Name},
+#include "Vocabulary.def"
+};
+static constexpr std::pair<MigrationKey, llvm::StringLiteral> MigrationNames[] = {
+    {MigrationKey::Expose, "expose"},
+    {MigrationKey::DataTransfer, "data_transfer"},
+    {MigrationKey::Local, "local"},
+    {MigrationKey::QueueSizing, "queue_sizing"},
+    {MigrationKey::RemoteInvalidation, "remote_invalidation"},
+    {MigrationKey::DatapathRegistration, "datapath_registration"},
+};
+
+template <typename T, size_t N>
+static llvm::StringRef nameIn(const std::pair<T, llvm::StringLiteral> (&Table)[N],
+                              T Value) {
+  for (const auto &[V, Name] : Table)
+    if (V == Value)
+      return Name;
+  llvm_unreachable("vocabulary entry without a name");
+}
+
+llvm::StringRef structRoleName(StructRole R) { return nameIn(StructRoleNames, R); }
+llvm::StringRef fieldRoleName(FieldRole R) { return nameIn(FieldRoleNames, R); }
+llvm::StringRef argRoleName(ArgRole R) { return nameIn(ArgRoleNames, R); }
+llvm::StringRef migrationKeyName(MigrationKey K) { return nameIn(MigrationNames, K); }
+
+bool isDeviceLimit(FieldRole R) {
+  return R == FieldRole::LimitWr || R == FieldRole::LimitSge ||
+         R == FieldRole::LimitSgeRd || R == FieldRole::LimitRecvSge;
+}
+
+static std::optional<Flag> flagNamed(llvm::StringRef Family, llvm::StringRef Name) {
+  for (const FlagSpelling &F : FlagNames)
+    if (F.Family == Family && F.Name == Name)
+      return F.F;
+  return std::nullopt;
+}
+
 llvm::StringRef effectName(Effect E) {
   for (const auto &[Value, Name] : EffectNames)
     if (Value == E)
@@ -235,8 +290,8 @@ lookupName(const std::pair<T, llvm::StringLiteral> (&Table)[N],
   return std::nullopt;
 }
 
-std::optional<unsigned> FunctionModel::arg(llvm::StringRef Role) const {
-  auto It = Args.find(Role.str());
+std::optional<unsigned> FunctionModel::arg(ArgRole Role) const {
+  auto It = Args.find(Role);
   if (It == Args.end())
     return std::nullopt;
   return It->second;
@@ -278,15 +333,29 @@ struct RulesBuilder {
       return fail("unknown domain '" + Raw.Domain + "'");
     DomainModel &DM = R.Domains[static_cast<size_t>(*D)];
     DM.D = *D;
-    DM.Flags = Raw.Flags;
     DM.TransportConstants = Raw.TransportConstants;
     DM.IbConstants = Raw.IbConstants;
-    DM.PortableCaps = Raw.PortableCaps;
-    DM.Migration = Raw.Migration;
     DM.ConnectionTypes = Raw.ConnectionTypes;
     for (auto &[Family, Flags] : Raw.Flags)
-      for (auto &[Flag, Enumerator] : Flags)
-        R.FlagIndex[Enumerator] = {Family, Flag};
+      for (auto &[Name, Enumerator] : Flags) {
+        std::optional<Flag> F = flagNamed(Family, Name);
+        if (!F)
+          return fail("unknown flag '" + Family + "." + Name + "'");
+        DM.Flags[*F] = Enumerator;
+        R.FlagIndex[Enumerator] = *F;
+      }
+    for (auto &[Cap, Value] : Raw.PortableCaps) {
+      std::optional<FieldRole> Role = lookupName(FieldRoleNames, Cap);
+      if (!Role)
+        return fail("unknown capacity '" + Cap + "' in portable_caps");
+      DM.PortableCaps[*Role] = Value;
+    }
+    for (auto &[Key, Text] : Raw.Migration) {
+      std::optional<MigrationKey> K = lookupName(MigrationNames, Key);
+      if (!K)
+        return fail("unknown migration key '" + Key + "'");
+      DM.Migration[*K] = Text;
+    }
     for (auto &[Enumerator, Name] : Raw.Opcodes) {
       std::optional<Opcode> Op = lookupName(OpcodeNames, Name);
       if (!Op)
@@ -295,17 +364,29 @@ struct RulesBuilder {
       R.OpcodeIndex[Enumerator] = *Op;
     }
     for (RawStruct &S : Raw.Structs)
-      addStruct(*D, S);
+      if (auto E = addStruct(*D, S))
+        return E;
     for (RawFunction &F : Raw.Functions)
       if (auto E = addFunction(*D, F))
         return E;
     return llvm::Error::success();
   }
 
-  void addStruct(Domain D, RawStruct &S) {
-    StructModel M{S.Name, D, S.Role, S.Base, S.Fields};
+  llvm::Error addStruct(Domain D, RawStruct &S) {
+    std::optional<StructRole> Role = lookupName(StructRoleNames, S.Role);
+    if (!Role)
+      return fail("unknown struct role '" + S.Role + "' for " + S.Name);
+    StructModel M{S.Name, D, *Role, S.Base, {}};
+    for (auto &[Path, FieldName] : S.Fields) {
+      std::optional<FieldRole> F = lookupName(FieldRoleNames, FieldName);
+      if (!F)
+        return fail("unknown field role '" + FieldName + "' for " + S.Name +
+                    "." + Path);
+      M.Fields[Path] = *F;
+    }
     R.StructIndex[S.Name] = R.Structs.size();
     R.Structs.push_back(std::move(M));
+    return llvm::Error::success();
   }
 
   llvm::Error addFunction(Domain D, RawFunction &F) {
@@ -317,9 +398,23 @@ struct RulesBuilder {
     M.D = D;
     M.E = *E;
     M.CoreManaged = F.Core;
-    M.Args = F.Args;
-    M.ImplicitAccess = F.ImplicitAccess;
-    M.Returns = F.Returns;
+    for (auto &[Name, Index] : F.Args) {
+      std::optional<ArgRole> Role = lookupName(ArgRoleNames, Name);
+      if (!Role)
+        return fail("unknown argument role '" + Name + "' for " + F.Name);
+      M.Args[*Role] = Index;
+    }
+    for (const std::string &Name : F.ImplicitAccess) {
+      std::optional<Flag> Bit = flagNamed("access", Name);
+      if (!Bit)
+        return fail("unknown access flag '" + Name + "' for " + F.Name);
+      M.ImplicitAccess.push_back(*Bit);
+    }
+    if (!F.Returns.empty()) {
+      M.Returns = lookupName(StructRoleNames, F.Returns);
+      if (!M.Returns)
+        return fail("unknown result role '" + F.Returns + "' for " + F.Name);
+    }
     if (!F.Opcode.empty()) {
       std::optional<Opcode> Op = lookupName(OpcodeNames, F.Opcode);
       if (!Op)
@@ -409,22 +504,17 @@ std::optional<Opcode> Rules::opcodeOf(llvm::StringRef Enumerator) const {
   return It->second;
 }
 
-std::optional<std::pair<std::string, std::string>>
-Rules::flagOf(llvm::StringRef Enumerator) const {
+std::optional<Flag> Rules::flagOf(llvm::StringRef Enumerator) const {
   auto It = FlagIndex.find(Enumerator);
   if (It == FlagIndex.end())
     return std::nullopt;
   return It->second;
 }
 
-llvm::StringRef Rules::flagName(Domain D, llvm::StringRef Family,
-                                llvm::StringRef Flag) const {
-  const auto &Families = domain(D).Flags;
-  auto F = Families.find(Family.str());
-  if (F == Families.end())
-    return {};
-  auto It = F->second.find(Flag.str());
-  return It == F->second.end() ? llvm::StringRef() : It->second;
+llvm::StringRef Rules::flagName(Domain D, Flag F) const {
+  const auto &Flags = domain(D).Flags;
+  auto It = Flags.find(F);
+  return It == Flags.end() ? llvm::StringRef() : It->second;
 }
 
 bool Rules::isTransportConstant(llvm::StringRef Enumerator) const {

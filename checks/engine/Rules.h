@@ -22,6 +22,41 @@ namespace ulplint {
 
 enum class Domain { Userspace, Kernel, Regcore };
 
+/// The vocabulary of the API models (Vocabulary.def).
+enum class StructRole {
+#define STRUCT_ROLE(Id, Name) Id,
+#include "Vocabulary.def"
+};
+enum class FieldRole {
+#define FIELD_ROLE(Id, Name) Id,
+#include "Vocabulary.def"
+};
+enum class ArgRole {
+#define ARG_ROLE(Id, Name) Id,
+#include "Vocabulary.def"
+};
+enum class Flag {
+#define FLAG(Id, Family, Name) Id,
+#include "Vocabulary.def"
+};
+/// What replaces hand-written registration, by the role of the code
+/// (rules/api/*.yaml, `migration`).
+enum class MigrationKey {
+  Expose,
+  DataTransfer,
+  Local,
+  QueueSizing,
+  RemoteInvalidation,
+  DatapathRegistration,
+};
+
+llvm::StringRef structRoleName(StructRole R);
+llvm::StringRef fieldRoleName(FieldRole R);
+llvm::StringRef argRoleName(ArgRole R);
+llvm::StringRef migrationKeyName(MigrationKey K);
+/// A field that holds a device limit (max_qp_wr, max_sge, ...).
+bool isDeviceLimit(FieldRole R);
+
 /// What a call does. Names in the YAML: see effectName().
 enum class Effect {
   None,
@@ -96,34 +131,33 @@ struct FunctionModel {
   Effect E = Effect::None;
   Opcode Op = Opcode::Unknown;
   bool CoreManaged = false;
-  std::map<std::string, unsigned> Args; // role -> argument index
-  std::vector<std::string> ImplicitAccess; // flags the call adds by itself
-  std::string Returns;
+  std::map<ArgRole, unsigned> Args; // role -> argument index
+  std::vector<Flag> ImplicitAccess; // access flags the call adds by itself
+  std::optional<StructRole> Returns;
 
-  std::optional<unsigned> arg(llvm::StringRef Role) const;
+  std::optional<unsigned> arg(ArgRole Role) const;
 };
 
 struct StructModel {
   std::string Name;
   Domain D = Domain::Userspace;
-  std::string Role;
+  StructRole Role = StructRole::Mr;
   std::string Base; // embedded base member, e.g. "wr" in ib_reg_wr
-  std::map<std::string, std::string> Fields; // dotted path -> role
+  std::map<std::string, FieldRole> Fields; // dotted path -> role
 };
 
 /// One API surface (userspace verbs, kernel verbs, regcore).
 struct DomainModel {
   Domain D = Domain::Userspace;
-  /// family ("access", "send", ...) -> flag ("local_write") -> enumerator.
-  std::map<std::string, std::map<std::string, std::string>> Flags;
+  /// The enumerator that spells each flag in this API.
+  std::map<Flag, std::string> Flags;
   std::map<std::string, std::string> Opcodes; // enumerator -> opcode name
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
-  std::map<std::string, int64_t> PortableCaps;
-  /// What replaces hand-written registration, by the role of the code:
-  /// expose, data_transfer, local, queue_sizing, remote_invalidation,
-  /// datapath_registration (see rules/api/*.yaml, `migration`).
-  std::map<std::string, std::string> Migration;
+  std::map<FieldRole, int64_t> PortableCaps;
+  /// What replaces hand-written registration (see rules/api/*.yaml,
+  /// `migration`).
+  std::map<MigrationKey, std::string> Migration;
   /// Record names of connection-lifetime objects (QP, CQ, PD, cm_id, ...).
   std::vector<std::string> ConnectionTypes;
 };
@@ -176,12 +210,11 @@ public:
   const DomainModel &domain(Domain D) const;
   /// Semantic opcode of a WR opcode enumerator of any domain.
   std::optional<Opcode> opcodeOf(llvm::StringRef Enumerator) const;
-  /// (family, flag) of an enumerator such as IBV_ACCESS_LOCAL_WRITE.
-  std::optional<std::pair<std::string, std::string>>
-  flagOf(llvm::StringRef Enumerator) const;
-  /// Spelling of a flag in a domain, e.g. (Kernel, access, local_write).
-  llvm::StringRef flagName(Domain D, llvm::StringRef Family,
-                           llvm::StringRef Flag) const;
+  /// The flag an enumerator such as IBV_ACCESS_LOCAL_WRITE spells.
+  std::optional<Flag> flagOf(llvm::StringRef Enumerator) const;
+  /// Spelling of a flag in a domain, e.g. (Kernel, LocalWrite) ->
+  /// IB_ACCESS_LOCAL_WRITE.
+  llvm::StringRef flagName(Domain D, Flag F) const;
   bool isTransportConstant(llvm::StringRef Enumerator) const;
   bool isIbConstant(llvm::StringRef Enumerator) const;
 
@@ -198,7 +231,7 @@ private:
   llvm::StringMap<size_t> StructIndex;
   std::vector<DomainModel> Domains; // indexed by Domain
   llvm::StringMap<Opcode> OpcodeIndex;
-  llvm::StringMap<std::pair<std::string, std::string>> FlagIndex;
+  llvm::StringMap<Flag> FlagIndex;
   std::vector<RuleInfo> Catalog;
   CompileFlagRules Flags;
   UlpMap Ulps;

@@ -8,30 +8,26 @@ using namespace clang;
 
 namespace ulplint {
 
-static constexpr const char *AccessFlagNames[] = {
-    "local_write", "remote_write",  "remote_read", "remote_atomic",
-    "mw_bind",     "zero_based",    "on_demand"};
-
-uint64_t accessBit(const TuAnalysis &A, StringRef Flag) {
-  return A.accessBit(Flag);
-}
+static constexpr Flag AccessFlags[] = {
+    Flag::LocalWrite, Flag::RemoteWrite, Flag::RemoteRead, Flag::RemoteAtomic,
+    Flag::MwBind,     Flag::ZeroBased,   Flag::OnDemand};
 
 std::string accessNames(const TuAnalysis &A, Domain D, uint64_t Bits) {
   std::string Out;
-  for (const char *Flag : AccessFlagNames) {
-    uint64_t Bit = A.accessBit(Flag);
+  for (Flag F : AccessFlags) {
+    uint64_t Bit = A.flagBit(F);
     if (!Bit || !(Bits & Bit))
       continue;
     if (!Out.empty())
       Out += " | ";
-    Out += A.rules().flagName(D, "access", Flag).str();
+    Out += A.rules().flagName(D, F).str();
   }
   return Out;
 }
 
 /// The member of the same object that has \p Role, stored in \p Fn.
 static const FieldStore *sibling(const TuAnalysis &A, const FieldStore &S,
-                                 StringRef Role) {
+                                 FieldRole Role) {
   const FieldStore *Found = nullptr;
   for (const FieldStore &O : A.stores())
     if (O.Role == Role && A.sameStorage(O.Object, O.Fn, S.Object, S.Fn) &&
@@ -76,7 +72,7 @@ std::vector<AccessSite> accessSites(const TuAnalysis &A) {
     S.D = A.domain();
     S.What = C.Model->Name;
     S.Loc = C.Call->getBeginLoc();
-    S.Flags = C.arg("access");
+    S.Flags = C.arg(ArgRole::Access);
     ValueEval VE = A.values(C.Caller);
     if (S.Flags) {
       S.Value = VE.flags(S.Flags);
@@ -84,20 +80,20 @@ std::vector<AccessSite> accessSites(const TuAnalysis &A) {
       if (C.Model->ImplicitAccess.empty())
         continue;
       uint64_t Bits = 0;
-      for (const std::string &Flag : C.Model->ImplicitAccess)
-        Bits |= A.accessBit(Flag);
+      for (Flag F : C.Model->ImplicitAccess)
+        Bits |= A.flagBit(F);
       S.Value = FlagSet::constant(Bits, C.Call);
     }
     if (IsReg)
       S.Region = A.resultOf(C.Call);
-    else if (const Expr *Key = C.arg("mkey"))
+    else if (const Expr *Key = C.arg(ArgRole::Mkey))
       S.Region = locationOf(Key);
     S.RegionFn = C.Caller;
     Sites.push_back(std::move(S));
   }
   for (const FieldStore &FS : A.stores()) {
-    bool Fast = FS.Role == "access";
-    bool Bind = FS.Role == "bind_access";
+    bool Fast = FS.Role == FieldRole::Access;
+    bool Bind = FS.Role == FieldRole::BindAccess;
     if ((!Fast && !Bind) || !isFinalStore(A, FS, A.stores()))
       continue;
     AccessSite S;
@@ -110,7 +106,7 @@ std::vector<AccessSite> accessSites(const TuAnalysis &A) {
     S.Flags = FS.Value;
     S.Value = A.values(FS.Fn).flagsAfter(A.flow(FS.Fn).resolve(FS.Target),
                                          FS.At);
-    setRegion(S, sibling(A, FS, Fast ? "reg_mr" : "bind_mr"));
+    setRegion(S, sibling(A, FS, Fast ? FieldRole::RegMr : FieldRole::BindMr));
     Sites.push_back(std::move(S));
   }
   return Sites;
@@ -169,11 +165,11 @@ static void addressSink(const TuAnalysis &A, const FunctionDecl *Fn,
   if (!L || L->Steps.empty())
     return;
   if (std::optional<FieldStore> Member = A.classify(*L)) {
-    if (Member->Role == "local_dma_lkey") {
+    if (Member->Role == FieldRole::LocalDmaLkey) {
       Sink.LocalDmaLkey = true;
       return;
     }
-    if (Member->Role == "lkey" && Member->Struct->Role == "mr") {
+    if (Member->Role == FieldRole::Lkey && Member->Struct->Role == StructRole::Mr) {
       Sink.Region = Member->Object;
       Sink.RegionFn = Fn;
     }
@@ -189,7 +185,7 @@ static void sinksOfSgList(const TuAnalysis &A, const FunctionDecl *Fn,
     return;
   std::vector<const FieldStore *> Lkeys;
   for (const FieldStore &L : A.stores())
-    if (L.Role == "lkey" && L.Value && A.withinStorage(L.Object, L.Fn, *Sg, Fn))
+    if (L.Role == FieldRole::Lkey && L.Value && A.withinStorage(L.Object, L.Fn, *Sg, Fn))
       Lkeys.push_back(&L);
   preferLocal(Lkeys, Fn);
   for (const FieldStore *L : Lkeys) {
@@ -207,11 +203,11 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
   std::vector<ReadSink> Out;
   // Work requests built field by field.
   for (const FieldStore &S : A.stores()) {
-    if (S.Role != "opcode" || !llvm::any_of(opcodesOf(A, S), Wanted))
+    if (S.Role != FieldRole::Opcode || !llvm::any_of(opcodesOf(A, S), Wanted))
       continue;
     std::vector<const FieldStore *> Lists;
     for (const FieldStore &List : A.stores())
-      if (List.Role == "sg_list" && List.Value &&
+      if (List.Role == FieldRole::SgList && List.Value &&
           A.sameStorage(List.Object, List.Fn, S.Object, S.Fn))
         Lists.push_back(&List);
     preferLocal(Lists, S.Fn);
@@ -226,12 +222,12 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
   for (const ApiCall &C : A.calls()) {
     ReadSink Proto{C.Caller, C.Call->getBeginLoc(), std::nullopt, nullptr, false};
     if (C.Model->E == Effect::PostCm && Wanted(C.Model->Op)) {
-      if (const Expr *Mr = C.arg("mr")) {
+      if (const Expr *Mr = C.arg(ArgRole::Mr)) {
         Proto.Region = locationOf(Mr);
         Proto.RegionFn = C.Caller;
         if (Proto.Region)
           Out.push_back(Proto);
-      } else if (const Expr *Sgl = C.arg("sgl")) {
+      } else if (const Expr *Sgl = C.arg(ArgRole::Sgl)) {
         sinksOfSgList(A, C.Caller, Sgl, Proto, Out);
       }
       continue;
@@ -243,11 +239,11 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
     if (C.Model->E == Effect::WrxSge && PendingRead &&
         PendingRead->Caller == C.Caller) {
       Proto.ReadLoc = PendingRead->Call->getBeginLoc();
-      if (const Expr *Lkey = C.arg("lkey")) {
+      if (const Expr *Lkey = C.arg(ArgRole::Lkey)) {
         addressSink(A, C.Caller, Lkey, Proto);
         if (Proto.Region || Proto.LocalDmaLkey)
           Out.push_back(Proto);
-      } else if (const Expr *List = C.arg("sg_list")) {
+      } else if (const Expr *List = C.arg(ArgRole::SgList)) {
         sinksOfSgList(A, C.Caller, List, Proto, Out);
       }
       PendingRead = nullptr;
@@ -285,7 +281,7 @@ static bool rkeyReadLeaves(const TuAnalysis &A, const FunctionDecl *Fn,
       return false;
     if (BO->isAssignmentOp() && BO->getRHS() == Child)
       if (auto Target = A.classifyMember(BO->getLHS()))
-        return Target->Role != "invalidate_rkey" && Target->Role != "reg_key";
+        return Target->Role != FieldRole::InvalidateRkey && Target->Role != FieldRole::RegKey;
     return true;
   }
   if (const auto *CE = dyn_cast_or_null<CallExpr>(P))
@@ -296,7 +292,7 @@ static bool rkeyReadLeaves(const TuAnalysis &A, const FunctionDecl *Fn,
   // Designated initializers of a work request field fall here too.
   for (const FieldStore &S : A.stores())
     if (S.Value == Child)
-      return S.Role != "invalidate_rkey" && S.Role != "reg_key";
+      return S.Role != FieldRole::InvalidateRkey && S.Role != FieldRole::RegKey;
   return true;
 }
 
@@ -312,7 +308,7 @@ bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
       return true;
     if (const auto *ME = dyn_cast<MemberExpr>(P)) {
       auto Member = A.classifyMember(ME);
-      if (Member && Member->Role == "rkey" && rkeyReadLeaves(A, U.Fn, ME))
+      if (Member && Member->Role == FieldRole::Rkey && rkeyReadLeaves(A, U.Fn, ME))
         return true;
       continue; // lkey, addr, length, or a member of a member
     }
@@ -322,7 +318,7 @@ bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
       if (BO->isComparisonOp() || BO->isLogicalOp())
         continue;
       if (auto Member = A.classifyMember(BO->getLHS()))
-        if (Member->Role == "reg_mr" || Member->Role == "bind_mr")
+        if (Member->Role == FieldRole::RegMr || Member->Role == FieldRole::BindMr)
           continue; // the fast registration or bind of this very MR
       if (BO->isAssignmentOp())
         if (auto Target = locationOf(BO->getLHS()))
@@ -340,7 +336,7 @@ bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
       // `(struct ib_reg_wr){ .mr = mr, ... }` registers it; any other
       // aggregate takes the handle somewhere we do not follow.
       bool Registers = llvm::any_of(A.stores(), [&](const FieldStore &S) {
-        return S.Value == Child && (S.Role == "reg_mr" || S.Role == "bind_mr");
+        return S.Value == Child && (S.Role == FieldRole::RegMr || S.Role == FieldRole::BindMr);
       });
       if (Registers)
         continue;

@@ -73,9 +73,6 @@ std::vector<const AccessSite *> rightsOf(const TuAnalysis &A,
 
 /// Spelled names of the access bits set in \p Bits: "IBV_ACCESS_REMOTE_WRITE".
 std::string accessNames(const TuAnalysis &A, Domain D, uint64_t Bits);
-/// Access bit of \p Flag ("local_write") in \p D's spelling, taken from the
-/// unit's own enumerators.
-uint64_t accessBit(const TuAnalysis &A, llvm::StringRef Flag);
 
 } // namespace ulplint
 

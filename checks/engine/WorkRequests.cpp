@@ -12,10 +12,10 @@ using namespace clang;
 namespace ulplint {
 
 std::vector<const FieldStore *> slotStores(const TuAnalysis &A, const WrSlot &S,
-                                           StringRef Role) {
+                                           FieldRole Role) {
   std::vector<const FieldStore *> Found;
   for (const FieldStore &FS : A.stores()) {
-    if (FS.Role != Role || FS.Struct->Role != "send_wr")
+    if (FS.Role != Role || FS.Struct->Role != StructRole::SendWr)
       continue;
     for (const auto &[L, F] : S.Names)
       if (A.sameStorage(FS.Object, FS.Fn, L, F)) {
@@ -96,7 +96,7 @@ public:
       return Chain;
     }
     std::vector<WrSlot> Best;
-    for (const FieldStore *Next : stores(Slot, "next")) {
+    for (const FieldStore *Next : stores(Slot, FieldRole::Next)) {
       if (!Next->Value)
         continue;
       std::vector<WrSlot> Alternatives;
@@ -126,7 +126,7 @@ public:
     if (S.Key.empty())
       S.Key = S.Names.front().second->getName().str() + "::" +
               S.Names.front().first.str();
-    for (const FieldStore *Op : stores(S, "opcode")) {
+    for (const FieldStore *Op : stores(S, FieldRole::Opcode)) {
       for (Opcode O : opcodesOf(A, *Op))
         if (!S.mayBe(O))
           S.Ops.push_back(O);
@@ -136,7 +136,7 @@ public:
     S.Signal = signalOf(S);
   }
 
-  std::vector<const FieldStore *> stores(const WrSlot &S, StringRef Role) {
+  std::vector<const FieldStore *> stores(const WrSlot &S, FieldRole Role) {
     return slotStores(A, S, Role);
   }
 
@@ -146,7 +146,7 @@ public:
     for (const auto &[L, F] : S.Names) {
       if (F != P.Fn)
         continue;
-      std::optional<Location> Flags = A.member(L, "send_flags");
+      std::optional<Location> Flags = A.member(L, FieldRole::SendFlags);
       if (!Flags)
         continue;
       FlagSet V = A.values(F).flagsAt(*Flags, P.Call->Call);
@@ -157,9 +157,7 @@ public:
 
 private:
   uint64_t signaledBit() const {
-    return static_cast<uint64_t>(
-        A.enumValue(A.rules().flagName(A.domain(), "send", "signaled"))
-            .value_or(0));
+    return A.flagBit(Flag::Signaled);
   }
 
   WrSlot::SignalKind classify(const FlagSet &V) const {
@@ -195,7 +193,7 @@ private:
   }
 
   WrSlot::SignalKind signalOf(WrSlot &S) {
-    std::vector<const FieldStore *> Flags = stores(S, "send_flags");
+    std::vector<const FieldStore *> Flags = stores(S, FieldRole::SendFlags);
     if (Flags.empty() || !signaledBit())
       return WrSlot::Unknown;
     FlagSet All;
@@ -212,20 +210,19 @@ private:
 
 /// What the extended API posts between ibv_wr_start and ibv_wr_complete.
 void addExtendedPosts(const TuAnalysis &A, std::vector<PostSite> &Posts) {
-  uint64_t Bit = static_cast<uint64_t>(
-      A.enumValue(A.rules().flagName(A.domain(), "send", "signaled")).value_or(0));
+  uint64_t Bit = A.flagBit(Flag::Signaled);
   for (const ApiCall &Complete : A.calls()) {
     if (Complete.Model->E != Effect::WrxComplete)
       continue;
     PostSite P;
     P.Call = &Complete;
     P.Fn = Complete.Caller;
-    P.Qp = Complete.arg("qp");
+    P.Qp = Complete.arg(ArgRole::Qp);
     // wr_flags stored on the extended QP in this function decide signaling.
     WrSlot::SignalKind Signal = WrSlot::Unknown;
     for (const FieldStore &FS : A.stores())
-      if (FS.Fn == P.Fn && FS.Role == "send_flags" &&
-          FS.Struct->Role == "qp_ex") {
+      if (FS.Fn == P.Fn && FS.Role == FieldRole::SendFlags &&
+          FS.Struct->Role == StructRole::QpEx) {
         FlagSet V = A.values(FS.Fn).flagsAfter(A.flow(FS.Fn).resolve(FS.Target),
                                                FS.At);
         bool Some = llvm::any_of(V.Alts, [&](const FlagAlt &F) {
@@ -252,14 +249,13 @@ PostSite cmPost(const TuAnalysis &A, const ApiCall &C) {
   PostSite P;
   P.Call = &C;
   P.Fn = C.Caller;
-  P.Qp = C.arg("id");
+  P.Qp = C.arg(ArgRole::Id);
   WrSlot S;
   S.Key = C.Caller->getName().str() + "::" + C.Model->Name;
   S.Ops.push_back(C.Model->Op);
   S.Loc = C.Call->getBeginLoc();
-  if (const Expr *Flags = C.arg("send_flags")) {
-    uint64_t Bit = static_cast<uint64_t>(
-        A.enumValue(A.rules().flagName(A.domain(), "send", "signaled")).value_or(0));
+  if (const Expr *Flags = C.arg(ArgRole::SendFlags)) {
+    uint64_t Bit = A.flagBit(Flag::Signaled);
     FlagSet V = A.values(C.Caller).flags(Flags);
     bool Some = false, All = true;
     for (const FlagAlt &Alt : V.Alts) {
@@ -299,18 +295,18 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
       PostSite P;
       P.Call = &C;
       P.Fn = C.Caller;
-      P.Qp = C.arg("qp");
-      const Expr *Wr = C.arg("wr");
+      P.Qp = C.arg(ArgRole::Qp);
+      const Expr *Wr = C.arg(ArgRole::Wr);
       if (C.Model->E == Effect::RwPost) {
         P.CoreManaged = true;
-        P.CoreSignals = !C.arg("cqe") ||
-                        !C.arg("cqe")->isNullPointerConstant(
+        P.CoreSignals = !C.arg(ArgRole::Cqe) ||
+                        !C.arg(ArgRole::Cqe)->isNullPointerConstant(
                             const_cast<ASTContext &>(A.context()),
                             Expr::NPC_ValueDependentIsNotNull);
-        Wr = C.arg("chain_wr");
+        Wr = C.arg(ArgRole::ChainWr);
       } else if (const ApiCall *Core = coreChain(A, Wr, C.Caller)) {
         P.CoreManaged = true;
-        Wr = Core->arg("chain_wr");
+        Wr = Core->arg(ArgRole::ChainWr);
         P.CoreSignals = true;
       }
       if (Wr) {
@@ -349,10 +345,10 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
     Q.Fn = C.Caller;
     Q.CoreManaged = C.Model->CoreManaged;
     std::optional<Location> Attr;
-    if (const Expr *E = C.arg("attr"))
+    if (const Expr *E = C.arg(ArgRole::Attr))
       Attr = locationOf(E);
     for (const FieldStore &FS : A.stores()) {
-      if (!Attr || FS.Struct->Role != "qp_init_attr" ||
+      if (!Attr || FS.Struct->Role != StructRole::QpInitAttr ||
           !A.sameStorage(FS.Object, FS.Fn, *Attr, C.Caller))
         continue;
       // The store in the creating function wins over ones elsewhere.
@@ -360,7 +356,7 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
       if (!Slot || FS.Fn == C.Caller)
         Slot = &FS;
     }
-    for (const char *Role : {"sq_sig_all", "sq_sig_type"}) {
+    for (FieldRole Role : {FieldRole::SqSigAll, FieldRole::SqSigType}) {
       auto It = Q.Caps.find(Role);
       if (It == Q.Caps.end())
         continue;
@@ -368,11 +364,10 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
       std::optional<int64_t> V = A.values(It->second->Fn).constant(It->second->Value);
       if (!V)
         continue;
-      if (StringRef(Role) == "sq_sig_all")
+      if (Role == FieldRole::SqSigAll)
         Q.SignalAll = *V != 0;
       else
-        Q.SignalAll = A.enumValue(A.rules().flagName(Domain::Kernel, "signal_type",
-                                                     "all")) == V;
+        Q.SignalAll = A.enumValue(A.rules().flagName(Domain::Kernel, Flag::SignalAll)) == V;
     }
     Creations.push_back(std::move(Q));
   }
@@ -415,8 +410,8 @@ void WorkRequests::exportFacts() const {
 }
 
 std::optional<Linear> capValue(const TuAnalysis &A, const QpCreation &Q,
-                               StringRef Role) {
-  auto It = Q.Caps.find(Role.str());
+                               FieldRole Role) {
+  auto It = Q.Caps.find(Role);
   if (It == Q.Caps.end())
     return std::nullopt;
   const FieldStore *S = It->second;

@@ -53,7 +53,7 @@ struct QpCreation {
   const clang::FunctionDecl *Fn = nullptr;
   /// The capacity stores into the attribute struct, by role
   /// (max_send_wr, max_recv_wr, max_send_sge, ...).
-  std::map<std::string, const FieldStore *> Caps;
+  std::map<FieldRole, const FieldStore *> Caps;
   /// sq_sig_all / sq_sig_type: true when every WR is signaled, false when
   /// only WRs with the SIGNALED flag are, unset when the code never says.
   std::optional<bool> SignalAll;
@@ -63,13 +63,13 @@ struct QpCreation {
 
 /// Stores with \p Role into the work request \p S names (any of its names).
 std::vector<const FieldStore *> slotStores(const TuAnalysis &A, const WrSlot &S,
-                                           llvm::StringRef Role);
+                                           FieldRole Role);
 
 /// The value a QP creation requests for \p Role (max_send_wr, ...): the value
 /// at the creation when the creating function sets it, else the value after
 /// the last store elsewhere.
 std::optional<Linear> capValue(const TuAnalysis &A, const QpCreation &Q,
-                               llvm::StringRef Role);
+                               FieldRole Role);
 
 class WorkRequests {
 public:
