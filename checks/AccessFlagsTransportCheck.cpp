@@ -66,7 +66,7 @@ void AccessFlagsTransportCheck::checkReadSinks(
   uint64_t RemoteWrite = A.flagBit(Flag::RemoteWrite);
   llvm::DenseSet<const AccessSite *> Reported;
   for (const ReadSink &Sink : readSinks(A)) {
-    std::string OtherFileRefuses = "refuses-iwarp:" + A.ulpKey();
+    std::string OtherFileRefuses = factKey(FactKind::RefusesIwarp, A.ulpKey());
     if (Sink.LocalDmaLkey) {
       reportUnless(A, Sink.ReadLoc,
              "RDMA READ into memory addressed with the PD's local_dma_lkey; "

@@ -45,12 +45,12 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
   }
   // A slot released without invalidation anywhere: pooled MRs keep their
   // key until someone invalidates it.
-  std::set<std::string> Done;
+  std::set<SlotKey> Done;
   for (const LifeEvent &E : L.events()) {
     bool Buffer = E.K == LifeEventKind::BufferRelease;
     if ((E.K != LifeEventKind::Release && E.K != LifeEventKind::ContainerRelease &&
          !Buffer) ||
-        E.Via || Reported.count(&E) || StringRef(E.Slot).contains("::") ||
+        E.Via || Reported.count(&E) || !E.Slot.isShared() ||
         !L.releasesHeld(&E) || !Done.insert(E.Slot).second)
       continue;
     if (L.has(E.Slot, LifeEventKind::InvalidatePost) ||
@@ -67,13 +67,13 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
                       (Buffer ? std::string(", no deregistration") : "") +
                       "); the peer keeps access to memory that is handed back";
     // Another file may invalidate (or, for freed memory, deregister) it.
-    std::string Invalidates = Lifecycle::fact(Buffer ? "deregisters" : "invalidates",
-                                              E.Slot);
+    std::string Invalidates = Lifecycle::fact(
+        Buffer ? FactKind::Deregisters : FactKind::Invalidates, E.Slot);
     if (const LifeEvent *Exposed = L.first(E.Slot, LifeEventKind::Expose)) {
       reportUnless(A, E.Loc, Msg, Invalidates);
       note(A, Exposed->Loc, "rkey handed to the peer here (" + Exposed->What + ")");
     } else {
-      reportIfProgram(A, E.Loc, Msg, {Lifecycle::fact("exposes", E.Slot)},
+      reportIfProgram(A, E.Loc, Msg, {Lifecycle::fact(FactKind::Exposes, E.Slot)},
                       {Invalidates});
     }
   }

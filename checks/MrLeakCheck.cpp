@@ -21,7 +21,7 @@ void MrLeakCheck::run(const TuAnalysis &A) {
       report(A, Loc,
              std::string(I.ErrorBranch ? "error path returns" : "returns") +
                  " without releasing the " + What + From +
-                 (I.Local ? "" : " (held in " + I.Slot + ")") + "; it leaks");
+                 (I.Local ? "" : " (held in " + I.Slot.str() + ")") + "; it leaks");
       if (I.Produced)
         note(A, I.Produced->Loc, What + " obtained here");
       if (I.ErrorBranch)
@@ -38,9 +38,9 @@ void MrLeakCheck::run(const TuAnalysis &A) {
     }
   }
   // A handle kept in a struct that nothing ever releases.
-  std::set<std::string> Done;
+  std::set<SlotKey> Done;
   for (const LifeEvent &E : L.events()) {
-    if (E.K != LifeEventKind::Produce || StringRef(E.Slot).contains("::") ||
+    if (E.K != LifeEventKind::Produce || !E.Slot.isShared() ||
         !Done.insert(E.Slot).second)
       continue;
     bool Released = false;
@@ -51,9 +51,9 @@ void MrLeakCheck::run(const TuAnalysis &A) {
       continue;
     reportUnless(A, E.Loc,
                  "the " + handleWord(&E) + " from '" + E.What +
-                     "' is stored in '" + E.Slot +
+                     "' is stored in '" + E.Slot.str() +
                      "' but nothing releases it; it leaks",
-                 Lifecycle::fact("releases", E.Slot));
+                 Lifecycle::fact(FactKind::Releases, E.Slot));
   }
 }
 

@@ -31,7 +31,7 @@ static bool isUnitPrivate(const TuAnalysis &A, const Location &Region,
   Location R = A.flow(Fn).resolve(Region);
   if (isa<ParmVarDecl>(R.Root) && R.Steps.empty())
     return false; // the caller has the MR too
-  if (R.typeKey().empty())
+  if (SlotKey::of(R, Fn).isLocal())
     return true; // a local of Fn
   const auto *VD = dyn_cast<VarDecl>(R.Root);
   if (VD && VD->hasGlobalStorage() && R.Steps.empty())
@@ -52,7 +52,7 @@ void RemoteAccessOverbroadCheck::checkUnusedRights(const TuAnalysis &A,
   if (!Granted || !S.Region || !isUnitPrivate(A, *S.Region, S.RegionFn) ||
       rkeyMayLeave(A, *S.Region, S.RegionFn))
     return;
-  bool Local = A.flow(S.RegionFn).resolve(*S.Region).typeKey().empty();
+  bool Local = SlotKey::of(A.flow(S.RegionFn).resolve(*S.Region), S.RegionFn).isLocal();
   report(A, S.Loc,
          "'" + S.What + "' grants " + accessNames(A, S.D, Granted) +
              " but the MR's rkey never leaves this " +

@@ -44,7 +44,7 @@ static std::optional<FixItHint> rotationFix(const TuAnalysis &A, const Stmt *At,
 
 void RkeyReuseCheck::run(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
-  std::set<std::string> Done;
+  std::set<SlotKey> Done;
   // Fast registrations of an MR that is used again and again.
   for (const FieldStore &S : A.stores()) {
     if (S.Role != FieldRole::RegMr || !S.Value || !isHandleType(A, stripExpr(S.Value)->getType()))
@@ -52,7 +52,7 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
     auto Loc = locationOf(S.Value);
     if (!Loc)
       continue;
-    std::string Slot = slotOf(A, *Loc, S.Fn);
+    SlotKey Slot = slotOf(A, *Loc, S.Fn);
     if (L.has(Slot, LifeEventKind::Rotate) || !Done.insert(Slot).second)
       continue;
     const LifeEvent *Produced = L.first(Slot, LifeEventKind::Produce);
@@ -72,7 +72,7 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
           "IB_WR_REG_MR re-registers an MR without rotating its key "
           "(ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey))); a peer "
           "that kept the old rkey reaches the new buffer",
-          Lifecycle::fact("rotates", Slot));
+          Lifecycle::fact(FactKind::Rotates, Slot));
       if (auto Fix = rotationFix(A, S.At, S.Value))
         D << *Fix;
     }

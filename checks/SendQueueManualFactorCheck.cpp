@@ -100,7 +100,7 @@ void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
     if (Here)
       report(A, S.Spelling->getBeginLoc(), Message);
     else if (!reportIfProgram(A, S.Spelling->getBeginLoc(), Message,
-                              {"posts-registration:" + A.ulpKey()}, {}))
+                              {factKey(FactKind::PostsRegistration, A.ulpKey())}, {}))
       continue;
     DiagnosticBuilder N = note(A, S.Spelling->getBeginLoc(),
                                Kernel ? "size the queue through cap.max_rdma_ctxs"

@@ -32,7 +32,7 @@ void UnsignaledSendStarvationCheck::checkNeverSignaled(const TuAnalysis &A,
                       "QP, but no post of this ULP sets " + FlagText.str() +
                           "; completed send-queue entries are never reclaimed "
                           "and posts fail once the queue fills",
-                      {"posts:" + Ulp}, {"signals:" + Ulp});
+                      {factKey(FactKind::Posts, Ulp)}, {factKey(FactKind::Signals, Ulp)});
       continue;
     }
     report(A, Loc,

@@ -167,7 +167,7 @@ void TuAnalysis::collect() {
   }
   findIWarpGuard();
   if (IWarpGuard)
-    exportFact("refuses-iwarp:" + ulpKey());
+    exportFact(factKey(FactKind::RefusesIwarp, ulpKey()));
 }
 
 namespace {
@@ -526,8 +526,8 @@ bool TuAnalysis::sameStorage(const Location &L1, const FunctionDecl *F1,
   Location R2 = flow(F2).resolve(L2);
   if (F1 == F2 && R1 == R2)
     return true;
-  std::string K1 = R1.typeKey();
-  return !K1.empty() && K1 == R2.typeKey();
+  SlotKey K1 = SlotKey::of(R1, F1);
+  return K1.isShared() && K1 == SlotKey::of(R2, F2);
 }
 
 bool TuAnalysis::withinStorage(const Location &L1, const FunctionDecl *F1,
@@ -538,8 +538,8 @@ bool TuAnalysis::withinStorage(const Location &L1, const FunctionDecl *F1,
     return true;
   if (R1.Steps.size() < R2.Steps.size())
     return false;
-  std::string K2 = R2.typeKey();
-  return !K2.empty() && K2 == R1.prefix(R2.Steps.size()).typeKey();
+  SlotKey K2 = SlotKey::of(R2, F2);
+  return K2.isShared() && K2 == SlotKey::of(R1.prefix(R2.Steps.size()), F1);
 }
 
 std::vector<const ApiCall *>
@@ -634,7 +634,7 @@ private:
 std::vector<TuAnalysis::Use> TuAnalysis::usesOf(const Location &Handle,
                                                 const FunctionDecl *Where) const {
   std::vector<Use> Out;
-  bool Shared = !flow(Where).resolve(Handle).typeKey().empty();
+  bool Shared = SlotKey::of(flow(Where).resolve(Handle), Where).isShared();
   for (const FunctionDecl *FD : Functions) {
     if (FD != Where && !Shared)
       continue;

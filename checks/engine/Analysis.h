@@ -10,8 +10,10 @@
 #ifndef ULPLINT_ENGINE_ANALYSIS_H
 #define ULPLINT_ENGINE_ANALYSIS_H
 
+#include "Facts.h"
 #include "Flow.h"
 #include "Rules.h"
+#include "Slots.h"
 #include "clang/Basic/SourceLocation.h"
 #include "llvm/ADT/DenseMap.h"
 #include <map>
@@ -111,7 +113,7 @@ public:
   std::optional<Location> resultOf(const clang::CallExpr *CE) const;
   /// True when two locations, each read in its own function, name the same
   /// storage: equal after alias resolution in one function, or reached
-  /// through pointers to the same struct field (same typeKey) across two.
+  /// through pointers to the same struct field (one shared SlotKey) across two.
   bool sameStorage(const Location &L1, const clang::FunctionDecl *F1,
                    const Location &L2, const clang::FunctionDecl *F2) const;
   /// True when storage \p L1 (read in \p F1) lies inside \p L2 (in \p F2).

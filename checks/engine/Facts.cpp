@@ -11,4 +11,30 @@ UnitFacts *currentFacts() { return Current; }
 FactScope::FactScope(UnitFacts *Sink) : Saved(Current) { Current = Sink; }
 FactScope::~FactScope() { Current = Saved; }
 
+static thread_local SiteSink *CurrentSites = nullptr;
+SiteSink *currentSiteSink() { return CurrentSites; }
+SiteScope::SiteScope(SiteSink *Sink) : Saved(CurrentSites) {
+  CurrentSites = Sink;
+}
+SiteScope::~SiteScope() { CurrentSites = Saved; }
+
+static llvm::StringRef factVerb(FactKind K) {
+  switch (K) {
+  case FactKind::Exposes: return "exposes";
+  case FactKind::Invalidates: return "invalidates";
+  case FactKind::Deregisters: return "deregisters";
+  case FactKind::Releases: return "releases";
+  case FactKind::Rotates: return "rotates";
+  case FactKind::RefusesIwarp: return "refuses-iwarp";
+  case FactKind::Posts: return "posts";
+  case FactKind::PostsRegistration: return "posts-registration";
+  case FactKind::Signals: return "signals";
+  }
+  return "";
+}
+
+std::string factKey(FactKind K, llvm::StringRef Subject) {
+  return (factVerb(K) + ":" + Subject).str();
+}
+
 } // namespace ulplint

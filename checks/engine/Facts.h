@@ -1,5 +1,10 @@
 //===- Facts.h - What one unit tells the whole program ----------*- C++ -*-===//
 //
+// The sinks the engine writes into while a unit is analysed: facts for the
+// whole program, conditional findings, registration sites for the migration
+// report, and functions whose analysis was cut short. Clang-free, so the
+// driver includes it alone.
+//
 // Some questions span files: xprtrdma registers in frwr_ops.c and
 // invalidates from rpc_rdma.c; RDS refuses iWARP devices in ib.c and posts
 // RDMA READs in ib_send.c. A unit exports facts, and findings may depend on
@@ -18,6 +23,23 @@
 
 namespace ulplint {
 
+/// What a fact says. Subjects are shared slots ("nvme_rdma_request.mr") or
+/// the program a unit belongs to.
+enum class FactKind {
+  Exposes,           // the slot's rkey is handed to a peer
+  Invalidates,       // LOCAL_INV or a checked remote invalidation of the slot
+  Deregisters,       // the slot's MR is deregistered
+  Releases,          // the slot's handle is released, recycled or passed on
+  Rotates,           // the slot's key is rotated
+  RefusesIwarp,      // the program refuses iWARP devices
+  Posts,             // the program posts send work requests
+  PostsRegistration, // ... among them REG_MR, LOCAL_INV or BIND_MW
+  Signals,           // ... and some of them ask for a completion
+};
+
+/// The spelling units exchange: "exposes:nvme_rdma_request.mr".
+std::string factKey(FactKind K, llvm::StringRef Subject);
+
 /// A finding kept only if every fact in \c Require and none in \c Unless is
 /// exported by some unit of the program.
 struct ConditionalFinding {
@@ -28,9 +50,19 @@ struct ConditionalFinding {
   std::vector<std::string> Unless;
 };
 
+/// A function the engine could not analyse completely: a budget cut
+/// paths short, so findings there may be missing.
+struct IncompleteAnalysis {
+  std::string File;
+  unsigned Line = 0;
+  std::string Function;
+  std::string Reason;
+};
+
 struct UnitFacts {
   std::vector<std::string> Facts;
   std::vector<ConditionalFinding> Conditions;
+  std::vector<IncompleteAnalysis> Incomplete;
 };
 
 /// The sink of the unit analysed on this thread, or null (plugin, clangd).
@@ -43,6 +75,29 @@ public:
 
 private:
   UnitFacts *Saved;
+};
+
+/// One registration site as `ulplint report` keeps it.
+struct SiteRecord {
+  std::string Kind, Role, Api, Target, Function, File;
+  unsigned Line = 0, Column = 0;
+  bool Datapath = false, Fixable = false;
+  /// A few lines of source around the site, and the first one's number.
+  std::string Excerpt;
+  unsigned ExcerptLine = 0;
+};
+struct SiteSink {
+  std::vector<SiteRecord> Sites;
+};
+/// The report's sink for the unit analysed on this thread, or null.
+SiteSink *currentSiteSink();
+class SiteScope {
+public:
+  explicit SiteScope(SiteSink *Sink);
+  ~SiteScope();
+
+private:
+  SiteSink *Saved;
 };
 
 } // namespace ulplint

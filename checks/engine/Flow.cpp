@@ -51,47 +51,6 @@ std::string Location::str() const {
   return S + Fields;
 }
 
-std::string Location::typeKey() const {
-  if (!Root)
-    return {};
-  // The storage lives in the object reached by the last pointer hop:
-  // `req->conn->msg.mr` is the `msg.mr` of some struct ulp_conn, and
-  // `reqs[i].mr` (reqs a pointer) the `mr` of some request.
-  QualType T = Root->getType();
-  bool ThroughPointer = T->isPointerType() || T->isReferenceType() ||
-                        isa<ParmVarDecl>(Root);
-  std::optional<size_t> Start;
-  for (size_t I = 0; I < Steps.size(); ++I) {
-    T = T.getCanonicalType();
-    if (Steps[I].Field) {
-      if (ThroughPointer)
-        Start = I;
-      T = Steps[I].Field->getType();
-      ThroughPointer = T->isPointerType();
-      continue;
-    }
-    // Indexing a pointer dereferences it; indexing an embedded array does not.
-    bool Pointer = T->isPointerType();
-    if (const auto *PT = T->getAs<PointerType>())
-      T = PT->getPointeeType();
-    else if (const auto *AT = T->getAsArrayTypeUnsafe())
-      T = AT->getElementType();
-    ThroughPointer = Pointer || (I == 0 && isa<ParmVarDecl>(Root));
-  }
-  if (!Start) {
-    const auto *VD = dyn_cast<VarDecl>(Root);
-    if (VD && VD->hasGlobalStorage())
-      return "::" + Root->getName().str() +
-             (Steps.empty() ? "" : "." + fieldPath());
-    return {};
-  }
-  const RecordDecl *RD = Steps[*Start].Field->getParent();
-  std::string Name = RD->getName().str();
-  if (Name.empty())
-    return {};
-  return Name + "." + fieldPath(*Start);
-}
-
 const Expr *stripExpr(const Expr *E) {
   while (E) {
     const Expr *Next = E->IgnoreParenCasts();

@@ -49,10 +49,6 @@ struct Location {
   Location prefix(size_t Len) const;
   /// Readable spelling: "req->reg_wr.wr.opcode" is written "req.reg_wr.wr.opcode".
   std::string str() const;
-  /// A key shared by every function that reaches this storage through a
-  /// pointer of the same type: "nvme_rdma_request.mr". Empty for storage
-  /// local to one function (a struct on the stack).
-  std::string typeKey() const;
   /// Dotted field path after the root ("reg_wr.wr.opcode").
   std::string fieldPath(size_t From = 0) const;
 };

@@ -169,7 +169,7 @@ const ApiCall *Inventory::producerOf(const ApiCall &C) const {
   std::optional<Location> L = Handle ? locationOf(Handle) : std::nullopt;
   if (!L)
     return nullptr;
-  std::string Slot = slotOf(A, *L, C.Caller);
+  SlotKey Slot = slotOf(A, *L, C.Caller);
   for (const ApiCall &P : A.calls()) {
     Effect E = P.Model->E;
     if (E != Effect::MrRegister && E != Effect::MrAlloc &&
@@ -365,13 +365,6 @@ std::string Inventory::replacement(const RegistrationSite &S) const {
 }
 
 // ------------------------------------------------------------- report sink
-
-static thread_local SiteSink *CurrentSites = nullptr;
-SiteSink *currentSiteSink() { return CurrentSites; }
-SiteScope::SiteScope(SiteSink *Sink) : Saved(CurrentSites) {
-  CurrentSites = Sink;
-}
-SiteScope::~SiteScope() { CurrentSites = Saved; }
 
 /// Lines [Line - 2, Line + 2] of the file \p Loc is in.
 static std::pair<std::string, unsigned> excerpt(const SourceManager &SM,

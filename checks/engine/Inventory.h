@@ -14,6 +14,7 @@
 #define ULPLINT_ENGINE_INVENTORY_H
 
 #include "Analysis.h"
+#include "Facts.h"
 #include "clang/Basic/Diagnostic.h"
 #include <map>
 #include <string>
@@ -110,29 +111,6 @@ private:
 std::vector<clang::FixItHint> regcoreCacheRewrite(const TuAnalysis &A,
                                                   const ApiCall &Registration,
                                                   bool &InPlace);
-
-/// One site as `ulplint report` keeps it.
-struct SiteRecord {
-  std::string Kind, Role, Api, Target, Function, File;
-  unsigned Line = 0, Column = 0;
-  bool Datapath = false, Fixable = false;
-  /// A few lines of source around the site, and the first one's number.
-  std::string Excerpt;
-  unsigned ExcerptLine = 0;
-};
-struct SiteSink {
-  std::vector<SiteRecord> Sites;
-};
-/// The report's sink for the unit analysed on this thread, or null.
-SiteSink *currentSiteSink();
-class SiteScope {
-public:
-  explicit SiteScope(SiteSink *Sink);
-  ~SiteScope();
-
-private:
-  SiteSink *Saved;
-};
 
 } // namespace ulplint
 

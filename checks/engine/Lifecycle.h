@@ -22,6 +22,7 @@
 #define ULPLINT_ENGINE_LIFECYCLE_H
 
 #include "Analysis.h"
+#include "Slots.h"
 #include <map>
 #include <set>
 
@@ -45,7 +46,7 @@ enum class LifeEventKind {
 
 struct LifeEvent {
   LifeEventKind K = LifeEventKind::Escape;
-  std::string Slot;                    // empty for Wait
+  SlotKey Slot;                        // invalid for Wait
   const clang::Stmt *S = nullptr;      // CFG element it happens at
   const clang::FunctionDecl *Fn = nullptr;
   clang::SourceLocation Loc;
@@ -69,7 +70,7 @@ struct LifeIncident {
     LeakOverwrite,         // a held handle overwritten or its holder freed
   };
   Kind K;
-  std::string Slot;
+  SlotKey Slot;
   const clang::FunctionDecl *Fn = nullptr;
   const LifeEvent *At = nullptr;           // the release / overwrite event
   const clang::Stmt *Exit = nullptr;       // LeakAtReturn: the return
@@ -88,22 +89,18 @@ public:
   llvm::ArrayRef<LifeEvent> events() const { return Events; }
   llvm::ArrayRef<LifeIncident> incidents() const { return Incidents; }
   /// Does some event of \p K happen to \p Slot anywhere in this unit?
-  bool has(llvm::StringRef Slot, LifeEventKind K) const;
+  bool has(const SlotKey &Slot, LifeEventKind K) const;
   /// The first event of \p K for \p Slot, if any.
-  const LifeEvent *first(llvm::StringRef Slot, LifeEventKind K) const;
+  const LifeEvent *first(const SlotKey &Slot, LifeEventKind K) const;
   /// Did some path reach \p Release while the handle was held (not NULL,
   /// not already released)?
   bool releasesHeld(const LifeEvent *Release) const {
     return Holding.count(Release) != 0;
   }
-  /// Slots this unit knows about.
-  std::set<std::string> slots() const;
   /// "exposes:<slot>" etc., the facts ulplint shares between units.
-  static std::string fact(llvm::StringRef Verb, llvm::StringRef Slot);
+  static std::string fact(FactKind K, const SlotKey &Slot);
 
 private:
-  void extract(const clang::FunctionDecl *Fn);
-  void solve(const clang::FunctionDecl *Fn, const std::string &Slot);
   void exportFacts() const;
 
   const TuAnalysis &A;
@@ -116,7 +113,7 @@ public:
   struct RemoteInvalidation {
     const clang::IfStmt *If = nullptr;
     bool AcceptThen = true;             // the accepting branch
-    std::vector<std::string> Slots;     // slots whose key it compares
+    std::vector<SlotKey> Slots;         // slots whose key it compares
     bool Checked = false;               // it compares the invalidated rkey
     const clang::FunctionDecl *Fn = nullptr;
   };
@@ -129,12 +126,12 @@ private:
   std::set<const LifeEvent *> Holding;
   friend class LifecycleBuilder;
   friend class SlotSolver;
+  friend void extractEvents(Lifecycle &L);
 };
 
-/// The handle slot a location names inside \p Fn: the struct field it lives
-/// in (shared by every function of the unit), or a function-local key.
-std::string slotOf(const TuAnalysis &A, const Location &L,
-                   const clang::FunctionDecl *Fn);
+/// The slot a location names inside \p Fn, after its aliases.
+SlotKey slotOf(const TuAnalysis &A, const Location &L,
+               const clang::FunctionDecl *Fn);
 
 /// Is \p T a pointer to a memory region or window struct of the models?
 bool isHandleType(const TuAnalysis &A, clang::QualType T, bool *Window = nullptr);

@@ -11,6 +11,12 @@ using namespace clang;
 
 namespace ulplint {
 
+std::string WrKey::str() const {
+  if (Api)
+    return Fn->getName().str() + "::" + Api->Name;
+  return Storage.str();
+}
+
 std::vector<const FieldStore *> slotStores(const TuAnalysis &A, const WrSlot &S,
                                            FieldRole Role) {
   std::vector<const FieldStore *> Found;
@@ -88,7 +94,7 @@ public:
 
   /// The longest chain starting at \p Slot.
   std::vector<WrSlot> follow(WrSlot Slot, bool &Complete,
-                             std::set<std::string> &Seen, unsigned Depth) {
+                             std::set<WrKey> &Seen, unsigned Depth) {
     describe(Slot);
     std::vector<WrSlot> Chain;
     if (Depth > 16 || !Seen.insert(Slot.Key).second) {
@@ -102,7 +108,7 @@ public:
       std::vector<WrSlot> Alternatives;
       roots(Next->Value, Next->Fn, 0, Alternatives, Complete);
       for (WrSlot &Alt : Alternatives) {
-        std::set<std::string> Branch = Seen;
+        std::set<WrKey> Branch = Seen;
         std::vector<WrSlot> Rest = follow(Alt, Complete, Branch, Depth + 1);
         if (Rest.size() > Best.size())
           Best = std::move(Rest);
@@ -115,17 +121,18 @@ public:
 
   /// Opcodes, signaling and identity of a slot.
   void describe(WrSlot &S) {
-    S.Key.clear();
+    S.Key = WrKey();
     for (const auto &[L, F] : S.Names) {
-      std::string K = A.flow(F).resolve(L).typeKey();
-      if (!K.empty()) {
-        S.Key = K;
+      SlotKey K = SlotKey::of(A.flow(F).resolve(L), F);
+      if (K.isShared()) {
+        S.Key.Storage = K;
         break;
       }
     }
-    if (S.Key.empty())
-      S.Key = S.Names.front().second->getName().str() + "::" +
-              S.Names.front().first.str();
+    if (!S.Key.Storage.valid()) {
+      const auto &[L, F] = S.Names.front();
+      S.Key.Storage = SlotKey::of(A.flow(F).resolve(L), F);
+    }
     for (const FieldStore *Op : stores(S, FieldRole::Opcode)) {
       for (Opcode O : opcodesOf(A, *Op))
         if (!S.mayBe(O))
@@ -234,7 +241,8 @@ void addExtendedPosts(const TuAnalysis &A, std::vector<PostSite> &Posts) {
       if (Op.Caller != P.Fn || Op.Model->E != Effect::WrxOp)
         continue;
       WrSlot S;
-      S.Key = P.Fn->getName().str() + "::" + Op.Model->Name;
+      S.Key.Fn = P.Fn;
+      S.Key.Api = Op.Model;
       S.Ops.push_back(Op.Model->Op);
       S.Signal = Signal;
       S.Loc = Op.Call->getBeginLoc();
@@ -251,7 +259,8 @@ PostSite cmPost(const TuAnalysis &A, const ApiCall &C) {
   P.Fn = C.Caller;
   P.Qp = C.arg(ArgRole::Id);
   WrSlot S;
-  S.Key = C.Caller->getName().str() + "::" + C.Model->Name;
+  S.Key.Fn = C.Caller;
+  S.Key.Api = C.Model;
   S.Ops.push_back(C.Model->Op);
   S.Loc = C.Call->getBeginLoc();
   if (const Expr *Flags = C.arg(ArgRole::SendFlags)) {
@@ -313,7 +322,7 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
         std::vector<WrSlot> Roots;
         Chains.roots(Wr, C.Caller, 0, Roots, P.Complete);
         for (WrSlot &Root : Roots) {
-          std::set<std::string> Seen;
+          std::set<WrKey> Seen;
           std::vector<WrSlot> Chain = Chains.follow(Root, P.Complete, Seen, 0);
           if (Chain.size() > P.Chain.size())
             P.Chain = std::move(Chain);
@@ -402,11 +411,11 @@ void WorkRequests::exportFacts() const {
   if (Posts.empty())
     return;
   std::string Ulp = A.ulpKey();
-  A.exportFact("posts:" + Ulp);
+  A.exportFact(factKey(FactKind::Posts, Ulp));
   if (postsRegistrations())
-    A.exportFact("posts-registration:" + Ulp);
+    A.exportFact(factKey(FactKind::PostsRegistration, Ulp));
   if (mayRequestCompletion())
-    A.exportFact("signals:" + Ulp);
+    A.exportFact(factKey(FactKind::Signals, Ulp));
 }
 
 std::optional<Linear> capValue(const TuAnalysis &A, const QpCreation &Q,
@@ -439,7 +448,7 @@ const WorkRequests &WorkRequests::of(const TuAnalysis &A) {
         llvm::errs() << "post in " << P.Fn->getName() << (P.Complete ? "" : " (incomplete)")
                      << (P.CoreManaged ? " (core)" : "") << ":";
         for (const WrSlot &S : P.Chain)
-          llvm::errs() << " [" << S.Key << " " << describe({&S}) << " sig=" << S.Signal << "]";
+          llvm::errs() << " [" << S.Key.str() << " " << describe({&S}) << " sig=" << S.Signal << "]";
         llvm::errs() << "\n";
       }
       llvm::errs() << "per-I/O: " << describe(W.perIoSlots()) << " drains=" << W.drains() << "\n";
@@ -457,7 +466,7 @@ std::vector<const WrSlot *> WorkRequests::perIoSlots() const {
     if (!Longest || P.Chain.size() > Longest->Chain.size())
       Longest = &P;
   std::vector<const WrSlot *> Slots;
-  std::set<std::string> Seen;
+  std::set<WrKey> Seen;
   if (Longest)
     for (const WrSlot &S : Longest->Chain)
       if (Seen.insert(S.Key).second)

@@ -17,13 +17,27 @@
 
 namespace ulplint {
 
+/// Identity of a work request across posts: the storage it lives in, or for
+/// one built by a call (the extended API, rdma_post_*), the building
+/// function and API.
+struct WrKey {
+  SlotKey Storage;
+  const clang::FunctionDecl *Fn = nullptr;
+  const FunctionModel *Api = nullptr;
+
+  bool operator<(const WrKey &O) const {
+    if (Storage != O.Storage)
+      return Storage < O.Storage;
+    return std::tie(Fn, Api) < std::tie(O.Fn, O.Api);
+  }
+  std::string str() const;
+};
+
 /// One work request as the code names it, possibly under several names
 /// (`first` in a helper is `&req->reg_wr.wr` in its caller).
 struct WrSlot {
   llvm::SmallVector<std::pair<Location, const clang::FunctionDecl *>, 2> Names;
-  /// Identity across posts: the struct field it lives in, or the function
-  /// local.
-  std::string Key;
+  WrKey Key;
   llvm::SmallVector<Opcode, 2> Ops; // possible opcodes; empty if unknown
   enum SignalKind { Never, Sometimes, Always, Unknown };
   SignalKind Signal = Unknown;

@@ -99,3 +99,22 @@ struct ibv_mr *ok_returned(struct ulp_conn *c, void *buf, size_t len)
   struct ibv_mr *mr = ibv_reg_mr(c->pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
   return mr;
 }
+
+/* A global handle outlives the function: the success return keeps it for
+   the program, and the teardown releases it. */
+static struct ibv_mr *g_ring_mr;
+static char g_ring[1 << 16];
+
+int ok_global_ring(struct ibv_pd *pd)
+{
+  g_ring_mr = ibv_reg_mr(pd, g_ring, sizeof(g_ring), IBV_ACCESS_LOCAL_WRITE);
+  if (!g_ring_mr)
+    return -1;
+  return 0;
+}
+
+void ok_global_ring_teardown(void)
+{
+  ibv_dereg_mr(g_ring_mr);
+  g_ring_mr = NULL;
+}

@@ -1,0 +1,76 @@
+//===- LifeEvents.h - Inside the lifecycle model ----------------*- C++ -*-===//
+//
+// Pieces shared by the three parts of the lifecycle model: event extraction
+// (LifeEvents.cpp), remote-invalidation recognition (RemoteInvalidation.cpp)
+// and the path-sensitive solver (LifeSolver.cpp). Not for checks: they read
+// Lifecycle.h.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ULPLINT_ENGINE_LIFEEVENTS_H
+#define ULPLINT_ENGINE_LIFEEVENTS_H
+
+#include "Lifecycle.h"
+#include <map>
+
+namespace ulplint {
+
+/// How far the lifecycle model follows things. Each bound degrades to a
+/// sound answer ("not a key", "no effect known"); the solver's own bounds
+/// are in LifeSolver.cpp and report the functions they cut short.
+namespace budget {
+/// Copies followed from an rkey value back to its MR (`u32 k = mr->rkey`).
+constexpr unsigned KeyCopyDepth = 4;
+/// Helper calls followed when summarising a helper's effects.
+constexpr unsigned SummaryDepth = 3;
+/// Helpers looked into for a comparison of the invalidated rkey.
+constexpr unsigned InvalidatedKeyHelperDepth = 2;
+/// Nesting of `!`, likely() and statement expressions around a null test.
+constexpr unsigned NullTestDepth = 16;
+/// CFG blocks from an early-exit branch to its goto or return.
+constexpr unsigned ErrorExitHops = 3;
+} // namespace budget
+
+/// The handle whose key an rkey/lkey expression reads: `mr->rkey` -> mr.
+std::optional<Location> keyOwner(const TuAnalysis &A, const clang::Expr *E);
+
+/// Reads of a completion's flags or invalidated rkey, through copies such as
+/// xprtrdma's `rep->rr_wc_flags = wc->wc_flags`.
+class CompletionFields {
+public:
+  explicit CompletionFields(const TuAnalysis &A);
+  /// WcFlags / InvalidatedRkey for an expression that reads one.
+  std::optional<FieldRole> role(const clang::FunctionDecl *Fn,
+                                const clang::Expr *E) const;
+
+private:
+  const TuAnalysis &A;
+  std::map<SlotKey, FieldRole> Copies;
+};
+
+/// Which MR an rkey value belongs to.
+class KeyTracker {
+public:
+  explicit KeyTracker(const TuAnalysis &A);
+  /// The slot of the MR whose key \p E holds, directly or through a copy.
+  std::optional<SlotKey> keySlot(const clang::FunctionDecl *Fn,
+                                 const clang::Expr *E, unsigned Depth = 0) const;
+
+private:
+  const TuAnalysis &A;
+  /// `x->f = mr->rkey` anywhere in the unit makes x->f a holder of mr's key.
+  std::map<SlotKey, SlotKey> Holders;
+};
+
+/// The branches of \p Fn that accept a remote invalidation and whether they
+/// compare the invalidated rkey.
+std::vector<Lifecycle::RemoteInvalidation>
+findRemoteInvalidations(const TuAnalysis &A, const CompletionFields &CF,
+                        const KeyTracker &Keys, const clang::FunctionDecl *Fn);
+
+/// Extracts every function's events into \p L, helpers' effects included.
+void extractEvents(Lifecycle &L);
+
+} // namespace ulplint
+
+#endif
