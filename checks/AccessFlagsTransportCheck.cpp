@@ -27,13 +27,10 @@ void AccessFlagsTransportCheck::run(const TuAnalysis &A) {
     checkReadSinks(A, Sites);
 }
 
-static StringRef helperAdvice(Domain D) {
-  if (D == Domain::Kernel)
-    return "let rdma_rw_ctx_init() register the buffer (it gives iWARP READ "
-           "sinks REMOTE_WRITE itself) or derive the rights from device "
-           "capabilities in one place";
-  return "use regcore_access_flags(), which derives the rights from the "
-         "device and the buffer's role";
+static StringRef helperAdvice(const TuAnalysis &A, Domain D) {
+  const auto &M = A.rules().domain(D).Migration;
+  auto It = M.find(MigrationKey::TransportFlags);
+  return It == M.end() ? StringRef() : StringRef(It->second);
 }
 
 void AccessFlagsTransportCheck::checkTransportTests(
@@ -45,7 +42,7 @@ void AccessFlagsTransportCheck::checkTransportTests(
     report(A, S.Loc,
            "access flags for '" + S.What +
                "' are chosen by an inline transport test; " +
-               helperAdvice(S.D).str());
+               helperAdvice(A, S.D).str());
     note(A, Alt->TransportTest->getBeginLoc(), "transport tested here");
   }
 }
@@ -70,8 +67,9 @@ void AccessFlagsTransportCheck::checkReadSinks(
     if (Sink.LocalDmaLkey) {
       reportUnless(A, Sink.ReadLoc,
              "RDMA READ into memory addressed with the PD's local_dma_lkey; "
-             "on iWARP a READ sink must be registered with "
-             "IB_ACCESS_REMOTE_WRITE; " + helperAdvice(Domain::Kernel).str(),
+             "on iWARP a READ sink must be registered with " +
+                 A.flagName(Flag::RemoteWrite).str() + "; " +
+                 helperAdvice(A, A.domain()).str(),
              OtherFileRefuses);
       continue;
     }
@@ -84,7 +82,7 @@ void AccessFlagsTransportCheck::checkReadSinks(
                    "memory registered without " + Name.str() +
                        " is the sink of an RDMA READ; on iWARP the READ "
                        "response is a tagged write into the sink, so the "
-                       "READ fails; " + helperAdvice(Reg->D).str(),
+                       "READ fails; " + helperAdvice(A, Reg->D).str(),
                    OtherFileRefuses);
       note(A, Sink.ReadLoc, "RDMA READ into this memory");
     }

@@ -100,6 +100,9 @@ void RemoteAccessOverbroadCheck::checkImplicitOdp(const TuAnalysis &A,
 
 void RemoteAccessOverbroadCheck::checkGlobalRkey(const TuAnalysis &A) {
   StringRef Name = A.rules().flagName(Domain::Kernel, Flag::UnsafeGlobalRkey);
+  const auto &Migration = A.rules().domain(Domain::Kernel).Migration;
+  auto It = Migration.find(MigrationKey::GlobalRkey);
+  std::string Advice = It == Migration.end() ? std::string() : It->second;
   std::optional<int64_t> Bit = A.enumValue(Name);
   if (!Bit || !*Bit)
     return;
@@ -113,8 +116,7 @@ void RemoteAccessOverbroadCheck::checkGlobalRkey(const TuAnalysis &A) {
         report(A, Flags->IgnoreParenImpCasts()->getBeginLoc(),
                Name.str() + " gives any peer that learns the PD's global "
                             "rkey remote read and write access to all of "
-                            "memory; register per I/O with rdma_rw or "
-                            "a registration context instead");
+                            "memory; " + Advice);
         break;
       }
   }

@@ -9,8 +9,9 @@ namespace ulplint {
 
 void RemoteInvalidateUncheckedCheck::run(const TuAnalysis &A) {
   StringRef FlagText = A.flagName(Flag::WithInvalidate);
-  StringRef Field = A.domain() == Domain::Kernel ? "wc->ex.invalidate_rkey"
-                                                 : "wc->invalidated_rkey";
+  const StructModel *Wc = A.rules().structure(A.domain(), StructRole::Wc);
+  std::string Field =
+      "wc->" + (Wc ? Wc->pathOf(FieldRole::InvalidatedRkey) : StringRef()).str();
   for (const Lifecycle::RemoteInvalidation &R :
        Lifecycle::of(A).remoteInvalidations()) {
     if (R.Checked)
@@ -18,7 +19,7 @@ void RemoteInvalidateUncheckedCheck::run(const TuAnalysis &A) {
     report(A, R.If->getCond()->getBeginLoc(),
            "completion with " + FlagText.str() +
                " is accepted without comparing the invalidated rkey (" +
-               Field.str() +
+               Field +
                ") with the request's; a peer that invalidates another key "
                "leaves this request's memory open to it");
   }

@@ -27,19 +27,29 @@ static bool isIncrementedKey(const TuAnalysis &A, const FunctionDecl *Fn,
   return locationOf(E).has_value();
 }
 
-/// `ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey));` before \p At.
+/// The rules' fix-it template \p T with its one placeholder \p Name.
+static std::string fixText(const TuAnalysis &A, FixTemplate T, StringRef Name,
+                           const std::string &Value) {
+  const auto &Fixits = A.rules().domain(A.domain()).Fixits;
+  auto It = Fixits.find(T);
+  if (It == Fixits.end())
+    return "";
+  return expandTemplate(It->second, {{Name, Value}});
+}
+
+/// The key rotation (`ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey));`)
+/// inserted before \p At.
 static std::optional<FixItHint> rotationFix(const TuAnalysis &A, const Stmt *At,
                                             const Expr *Mr) {
   const ASTContext &Ctx = A.context();
   const SourceManager &SM = Ctx.getSourceManager();
   std::string Handle = sourceText(Ctx, Mr);
   SourceLocation Begin = At->getBeginLoc();
-  if (Handle.empty() || Begin.isMacroID())
+  std::string Text = fixText(A, FixTemplate::RotateKey, "mr", Handle);
+  if (Handle.empty() || Text.empty() || Begin.isMacroID())
     return std::nullopt;
   StringRef Indent = Lexer::getIndentationForLine(Begin, SM);
-  return FixItHint::CreateInsertion(
-      Begin, "ib_update_fast_reg_key(" + Handle + ", ib_inc_rkey(" + Handle +
-                 "->rkey));\n" + Indent.str());
+  return FixItHint::CreateInsertion(Begin, Text + "\n" + Indent.str());
 }
 
 void RkeyReuseCheck::run(const TuAnalysis &A) {
@@ -67,11 +77,13 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
     if (!Reused)
       continue;
     {
+      std::string Rotation =
+          StringRef(fixText(A, FixTemplate::RotateKey, "mr", "mr")).rtrim(';').str();
       DiagnosticBuilder D = reportUnless(
           A, S.At->getBeginLoc(),
-          "IB_WR_REG_MR re-registers an MR without rotating its key "
-          "(ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey))); a peer "
-          "that kept the old rkey reaches the new buffer",
+          A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr).str() +
+              " re-registers an MR without rotating its key (" + Rotation +
+              "); a peer that kept the old rkey reaches the new buffer",
           Lifecycle::fact(FactKind::Rotates, Slot));
       if (auto Fix = rotationFix(A, S.At, S.Value))
         D << *Fix;
@@ -84,15 +96,15 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
                           const Expr *Mw) {
     if (!Key || isIncrementedKey(A, Fn, Key))
       return;
+    std::string MwText = sourceText(A.context(), Mw);
+    std::string NewKey = fixText(A, FixTemplate::NewWindowKey, "mw", MwText);
     DiagnosticBuilder D = report(
         A, Key->getBeginLoc(),
-        "memory window re-bound without a new key; pass ibv_inc_rkey(" +
-            sourceText(A.context(), Mw) +
-            "->rkey) so a peer holding the old rkey loses access");
-    std::string MwText = sourceText(A.context(), Mw);
+        "memory window re-bound without a new key; pass " + NewKey +
+            " so a peer holding the old rkey loses access");
     CharSourceRange Range = userRange(A.context(), Key);
-    if (!MwText.empty() && Range.isValid())
-      D << FixItHint::CreateReplacement(Range, "ibv_inc_rkey(" + MwText + "->rkey)");
+    if (!MwText.empty() && !NewKey.empty() && Range.isValid())
+      D << FixItHint::CreateReplacement(Range, NewKey);
   };
   for (const ApiCall &C : A.calls())
     if (C.Model->E == Effect::WrxOp && C.Model->Op == Opcode::BindMw)

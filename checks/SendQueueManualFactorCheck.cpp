@@ -49,10 +49,18 @@ static std::vector<FixItHint> rdmaRwFix(const TuAnalysis &A,
     return {};
   std::string Lhs = sourceText(Ctx, BO->getLHS());
   CharSourceRange Rhs = userRange(Ctx, BO->getRHS());
-  StringRef Suffix = "max_send_wr";
-  if (Rhs.isInvalid() || !StringRef(Lhs).ends_with(Suffix))
+  // `attr.cap.max_send_wr` -> `attr.cap.max_rdma_ctxs`: the two fields are
+  // siblings in the model (cap.max_send_wr, cap.max_rdma_ctxs).
+  auto LastField = [&](FieldRole R) {
+    StringRef Path = S.Struct->pathOf(R);
+    return Path.substr(Path.rfind('.') + 1);
+  };
+  StringRef Suffix = LastField(FieldRole::MaxSendWr);
+  StringRef CtxsField = LastField(FieldRole::MaxRdmaCtxs);
+  if (Rhs.isInvalid() || Suffix.empty() || CtxsField.empty() ||
+      !StringRef(Lhs).ends_with(Suffix))
     return {};
-  std::string Ctxs = Lhs.substr(0, Lhs.size() - Suffix.size()) + "max_rdma_ctxs";
+  std::string Ctxs = Lhs.substr(0, Lhs.size() - Suffix.size()) + CtxsField.str();
   std::string NewRhs = Depth + (Const ? " + " + std::to_string(Const) : "");
   const SourceManager &SM = Ctx.getSourceManager();
   SourceLocation AfterSemi = Lexer::findLocationAfterToken(
@@ -87,24 +95,23 @@ void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
       continue;
     Reported.insert(S.Fn);
     bool Kernel = A.domain() == Domain::Kernel;
+    const auto &Migration = A.rules().domain(A.domain()).Migration;
+    auto Advice = [&](MigrationKey K) {
+      auto It = Migration.find(K);
+      return It == Migration.end() ? std::string() : It->second;
+    };
     std::string Message =
         "max_send_wr multiplies the queue depth '" + Depth +
         "' by a hand-made factor '" + Factor +
         "' for registration and invalidation work requests; " +
-        (Kernel ? "let the core size it: set cap.max_rdma_ctxs and "
-                  "register through rdma_rw_ctx_*() (rdma_rw_init_qp() "
-                  "adds the registration WRs per context)"
-                : "create the QP with regcore_qp_create(), which adds "
-                  "the per-context registration WRs for a declared "
-                  "number of contexts");
+        Advice(MigrationKey::QueueFactor);
     if (Here)
       report(A, S.Spelling->getBeginLoc(), Message);
     else if (!reportIfProgram(A, S.Spelling->getBeginLoc(), Message,
                               {factKey(FactKind::PostsRegistration, A.ulpKey())}, {}))
       continue;
     DiagnosticBuilder N = note(A, S.Spelling->getBeginLoc(),
-                               Kernel ? "size the queue through cap.max_rdma_ctxs"
-                                      : "size the queue with regcore_qp_create()");
+                               Advice(MigrationKey::QueueFactorNote));
     if (Kernel && V->Terms.front().Factors.empty())
       for (const FixItHint &Fix : rdmaRwFix(A, S, Depth, V->Const))
         N << Fix;

@@ -99,26 +99,6 @@ std::optional<Location> locationOf(const Expr *E) {
 
 //===-- FunctionFlow ------------------------------------------------------===//
 
-namespace {
-/// Per-location reaching-definition state, computed on first query.
-struct LocationFlow {
-  std::vector<unsigned> Relevant;      // indices into Defs
-  std::vector<llvm::BitVector> In;     // per block, over Relevant + entry bit
-};
-} // namespace
-
-struct FunctionFlowCache {
-  std::map<std::string, LocationFlow> ByLocation;
-};
-
-static bool isMemset(const CallExpr *CE) {
-  const FunctionDecl *Callee = CE->getDirectCallee();
-  if (!Callee)
-    return false;
-  StringRef Name = Callee->getName();
-  return Name == "memset" || Name == "__builtin_memset";
-}
-
 FunctionFlow::FunctionFlow(const FunctionDecl *FD, ASTContext &Ctx)
     : FD(FD), Ctx(Ctx) {
   Stmt *Body = FD->getBody();
@@ -182,6 +162,9 @@ void FunctionFlow::collectDefs() {
         if (const FunctionDecl *Callee = CE->getDirectCallee())
           M = Rules::embedded().function(Callee->getName());
         bool Writes = !M || M->E == Effect::DeviceQuery;
+        std::optional<unsigned> Zeroed;
+        if (M && M->E == Effect::MemoryZero)
+          Zeroed = M->arg(ArgRole::Buffer);
         for (unsigned I = 0; I < CE->getNumArgs(); ++I) {
           const Expr *Arg = stripExpr(CE->getArg(I));
           const auto *UO = dyn_cast<UnaryOperator>(Arg);
@@ -190,7 +173,7 @@ void FunctionFlow::collectDefs() {
           auto L = locationOf(UO->getSubExpr());
           if (!L)
             continue;
-          if (isMemset(CE) && I == 0)
+          if (Zeroed == I)
             addDef({Def::Zero, *L, S, nullptr, BO_Assign});
           else if (Writes)
             addDef({Def::Unknown, *L, S, nullptr, BO_Assign});

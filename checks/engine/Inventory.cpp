@@ -107,14 +107,15 @@ static bool isCoreSite(Effect E) {
 
 /// `ib_mr_pool_init(qp, &qp->rdma_mrs, ...)` (in a unit that uses rdma_rw):
 /// the MRs rdma_rw itself takes on iWARP (ksmbd sets the pool up by hand).
-static bool isRdmaRwPool(const ApiCall &C) {
+static bool isRdmaRwPool(const TuAnalysis &A, const ApiCall &C) {
   if (C.Model->E != Effect::MrPoolInit && C.Model->E != Effect::MrPoolDestroy)
     return false;
   const auto *Pool = dyn_cast_or_null<UnaryOperator>(
       C.arg(ArgRole::Pool) ? C.arg(ArgRole::Pool)->IgnoreParenImpCasts() : nullptr);
   const auto *ME = Pool ? dyn_cast<MemberExpr>(Pool->getSubExpr()->IgnoreParens())
                         : nullptr;
-  return ME && ME->getMemberDecl()->getName() == "rdma_mrs";
+  StringRef RwPool = A.rules().domain(A.domain()).RwMrPool;
+  return ME && !RwPool.empty() && ME->getMemberDecl()->getName() == RwPool;
 }
 
 void Inventory::collectCalls() {
@@ -124,7 +125,7 @@ void Inventory::collectCalls() {
     S.Fn = C.Caller;
     S.Api = C.Model->Name;
     S.Call = &C;
-    bool FeedsRdmaRw = UsesRdmaRw && isRdmaRwPool(C);
+    bool FeedsRdmaRw = UsesRdmaRw && isRdmaRwPool(A, C);
     if (C.Model->CoreManaged || FeedsRdmaRw) {
       if (!isCoreSite(C.Model->E) && !FeedsRdmaRw)
         continue;
@@ -434,15 +435,15 @@ public:
   std::vector<const Expr *> Refs;
 };
 
-/// Spelling of a `struct regcore *` usable at \p At inside \p Fn: a
-/// parameter or local of that type, or such a field one pointer hop away
-/// (`conn->core`).
-std::string coreInScope(const TuAnalysis &A, const FunctionDecl *Fn,
-                        SourceLocation At) {
-  auto IsCore = [](QualType T) {
+/// Spelling of a pointer to the cache (`struct regcore *`) usable at \p At
+/// inside \p Fn: a parameter or local of that type, or such a field one
+/// pointer hop away (`conn->core`).
+std::string coreInScope(const TuAnalysis &A, const CacheRewrite &Rule,
+                        const FunctionDecl *Fn, SourceLocation At) {
+  auto IsCore = [&](QualType T) {
     const auto *P = T->getAs<PointerType>();
     const RecordDecl *RD = P ? P->getPointeeType()->getAsRecordDecl() : nullptr;
-    return RD && RD->getName() == "regcore";
+    return RD && RD->getName() == Rule.CacheType;
   };
   std::vector<const VarDecl *> Vars(Fn->param_begin(), Fn->param_end());
   for (const Decl *D : Fn->decls())
@@ -469,6 +470,7 @@ std::string coreInScope(const TuAnalysis &A, const FunctionDecl *Fn,
 /// The `struct ibv_mr` part of a handle declaration's type, if the type is
 /// written as a plain `struct ibv_mr *` in the user's code.
 std::optional<CharSourceRange> mrTypeRange(const DeclaratorDecl *D,
+                                           const CacheRewrite &Rule,
                                            const SourceManager &SM) {
   TypeSourceInfo *TSI = D->getTypeSourceInfo();
   if (!TSI)
@@ -479,7 +481,7 @@ std::optional<CharSourceRange> mrTypeRange(const DeclaratorDecl *D,
     return std::nullopt;
   TypeLoc Pointee = PTL.getPointeeLoc();
   const RecordDecl *RD = Pointee.getType()->getAsRecordDecl();
-  if (!RD || RD->getName() != "ibv_mr" || Pointee.getType().hasQualifiers())
+  if (!RD || RD->getName() != Rule.HandleType || Pointee.getType().hasQualifiers())
     return std::nullopt;
   SourceRange R = Pointee.getSourceRange();
   if (R.getBegin().isMacroID() || R.getEnd().isMacroID() ||
@@ -502,7 +504,12 @@ std::vector<FixItHint> regcoreCacheRewrite(const TuAnalysis &A,
   std::vector<FixItHint> Fixes;
   ASTContext &Ctx = A.context();
   const SourceManager &SM = A.sources();
-  if (Reg.Model->Name != "ibv_reg_mr" || Reg.Call->getNumArgs() < 4)
+  const std::optional<CacheRewrite> &Rule = A.rules().domain(A.domain()).Cache;
+  if (!Rule || Reg.Model->Name != Rule->Register)
+    return {};
+  const Expr *Addr = Reg.arg(ArgRole::Addr), *Length = Reg.arg(ArgRole::Length),
+             *Access = Reg.arg(ArgRole::Access);
+  if (!Addr || !Length || !Access)
     return {};
   // `H = ibv_reg_mr(...);` as a statement of its own.
   const ParentMap &PM = A.flow(Reg.Caller).parents();
@@ -521,10 +528,10 @@ std::vector<FixItHint> regcoreCacheRewrite(const TuAnalysis &A,
   if (!DD || (!isa<FieldDecl>(DD) && !(isa<VarDecl>(DD) &&
                                         cast<VarDecl>(DD)->isLocalVarDecl())))
     return {};
-  std::optional<CharSourceRange> TypeRange = mrTypeRange(DD, SM);
+  std::optional<CharSourceRange> TypeRange = mrTypeRange(DD, *Rule, SM);
   if (!TypeRange)
     return {};
-  std::string Core = coreInScope(A, Reg.Caller, Reg.Call->getBeginLoc());
+  std::string Core = coreInScope(A, *Rule, Reg.Caller, Reg.Call->getBeginLoc());
   if (Core.empty())
     return {};
   // `struct ibv_mr *a, *b;` shares one type specifier: leave it alone.
@@ -538,22 +545,24 @@ std::vector<FixItHint> regcoreCacheRewrite(const TuAnalysis &A,
       if (Other != FD && Other->getBeginLoc() == FD->getBeginLoc())
         return {};
 
-  std::string Args[4];
-  for (unsigned I = 0; I < 4; ++I) {
-    Args[I] = sourceText(Ctx, Reg.Call->getArg(I));
-    if (Args[I].empty())
-      return {};
-  }
+  std::string AddrText = sourceText(Ctx, Addr), LengthText = sourceText(Ctx, Length),
+              AccessText = sourceText(Ctx, Access);
+  if (AddrText.empty() || LengthText.empty() || AccessText.empty())
+    return {};
   std::string Lhs = sourceText(Ctx, Assign->getLHS());
   CharSourceRange AssignRange = CharSourceRange::getTokenRange(
       SM.getExpansionRange(Assign->getBeginLoc()).getBegin(),
       SM.getExpansionRange(Assign->getEndLoc()).getEnd());
   if (Lhs.empty() || AssignRange.isInvalid())
     return {};
-  Fixes.push_back(FixItHint::CreateReplacement(*TypeRange, "struct regcore_mr"));
   Fixes.push_back(FixItHint::CreateReplacement(
-      AssignRange, "regcore_mr_get(" + Core + ", " + Args[1] + ", " + Args[2] +
-                       ", " + Args[3] + ", &" + Lhs + ")"));
+      *TypeRange, "struct " + Rule->NewHandleType));
+  Fixes.push_back(FixItHint::CreateReplacement(
+      AssignRange, expandTemplate(Rule->Get, {{"core", Core},
+                                              {"addr", AddrText},
+                                              {"length", LengthText},
+                                              {"access", AccessText},
+                                              {"handle", Lhs}})));
 
   // Every other use: keys, null tests, clearing, or the deregistration.
   RefFinder Finder(Handle);
@@ -574,8 +583,11 @@ std::vector<FixItHint> regcoreCacheRewrite(const TuAnalysis &A,
     if (Whole == LHS && P == Assign)
       continue; // the registration itself
     if (const auto *ME = dyn_cast_or_null<MemberExpr>(P)) {
-      StringRef Name = ME->getMemberDecl()->getName();
-      if (Name == "lkey" || Name == "rkey" || Name == "addr" || Name == "length")
+      // The cache entry has the MR's keys, address and length.
+      std::optional<FieldStore> Member = A.classifyMember(ME);
+      if (Member && Member->Struct->Role == StructRole::Mr &&
+          (Member->Role == FieldRole::Lkey || Member->Role == FieldRole::Rkey ||
+           Member->Role == FieldRole::Addr || Member->Role == FieldRole::Length))
         continue;
       return {};
     }
@@ -595,9 +607,9 @@ std::vector<FixItHint> regcoreCacheRewrite(const TuAnalysis &A,
       continue;
     const auto *CE = dyn_cast_or_null<CallExpr>(P);
     const FunctionModel *M = CE ? A.modelOf(CE) : nullptr;
-    if (!M || M->Name != "ibv_dereg_mr")
+    if (!M || M->Name != Rule->Deregister)
       return {};
-    std::string PutCore = coreInScope(A, Fn, CE->getBeginLoc());
+    std::string PutCore = coreInScope(A, *Rule, Fn, CE->getBeginLoc());
     CharSourceRange CallRange = CharSourceRange::getTokenRange(
         SM.getExpansionRange(CE->getBeginLoc()).getBegin(),
         SM.getExpansionRange(CE->getEndLoc()).getEnd());
@@ -605,7 +617,7 @@ std::vector<FixItHint> regcoreCacheRewrite(const TuAnalysis &A,
     if (PutCore.empty() || Arg.empty())
       return {};
     Fixes.push_back(FixItHint::CreateReplacement(
-        CallRange, "regcore_mr_put(" + PutCore + ", " + Arg + ")"));
+        CallRange, expandTemplate(Rule->Put, {{"core", PutCore}, {"handle", Arg}})));
   }
   InPlace = isa<VarDecl>(DD);
   return Fixes;

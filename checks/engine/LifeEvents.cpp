@@ -522,12 +522,14 @@ private:
         if (Grants)
           for (const FieldStore *Mr : slotStores(A, W, FieldRole::RegMr))
             if (auto Slot = handleSlot(Mr->Fn, Mr->Value))
-              add(event(LifeEventKind::Expose, *Slot, Fn, S, Loc, "IB_WR_REG_MR"));
+              add(event(LifeEventKind::Expose, *Slot, Fn, S, Loc,
+                        A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr)));
       }
       if (W.mayBe(Opcode::BindMw))
         for (const FieldStore *Mw : slotStores(A, W, FieldRole::BindMw))
           if (auto Slot = handleSlot(Mw->Fn, Mw->Value))
-            add(event(LifeEventKind::Expose, *Slot, Fn, S, Loc, "IBV_WR_BIND_MW"));
+            add(event(LifeEventKind::Expose, *Slot, Fn, S, Loc,
+                      A.rules().opcodeEnumerator(A.domain(), Opcode::BindMw)));
       if (W.mayBe(Opcode::LocalInv))
         for (const FieldStore *Key : slotStores(A, W, FieldRole::InvalidateRkey))
           if (auto Slot = Keys.keySlot(Key->Fn, Key->Value)) {

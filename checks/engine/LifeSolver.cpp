@@ -276,8 +276,12 @@ private:
         return std::nullopt;
       if (F->getBuiltinID()) // __builtin_expect(x, 0)
         return nullTest(CE->getArg(0), Depth + 1);
-      if (F->getName().starts_with("IS_ERR") && names(CE->getArg(0)))
-        return true;
+      const FunctionModel *M = A.modelOf(CE);
+      if (M && M->E == Effect::ErrorPointerTest) {
+        const Expr *Ptr = CE->getArg(M->arg(ArgRole::Ptr).value_or(0));
+        if (names(Ptr))
+          return true;
+      }
       return std::nullopt;
     }
     if (const auto *BO = dyn_cast<BinaryOperator>(Cond)) {

@@ -12,13 +12,11 @@ using namespace clang::ast_matchers;
 namespace ulplint {
 
 // The RDMA core and the providers implement the verbs; checks about how a
-// ULP should use them do not apply there.
-static constexpr llvm::StringLiteral DefaultCoreFiles =
-    "drivers/infiniband/(core|hw|sw)/|regcore/src/|regcore/sim/";
-
+// ULP should use them do not apply there (rules/api/*.yaml, core_files).
 RdmaCheck::RdmaCheck(StringRef Name, tidy::ClangTidyContext *Context)
     : ClangTidyCheck(Name, Context),
-      CoreFiles(Options.getLocalOrGlobal("CoreFiles", DefaultCoreFiles)),
+      CoreFiles(Options.getLocalOrGlobal("CoreFiles",
+                                         Rules::embedded().coreFiles())),
       CoreFilesRegex(CoreFiles),
       ApiWrappers(Options.getLocalOrGlobal("ApiWrappers", "")) {
   if (auto Parsed = parseApiWrappers(ApiWrappers, Rules::embedded()); !Parsed)

@@ -5,6 +5,7 @@
 #include "llvm/ADT/StringSwitch.h"
 #include "llvm/Support/ErrorHandling.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/Regex.h"
 #include "llvm/Support/YAMLTraits.h"
 
 namespace ulplint {
@@ -40,6 +41,10 @@ struct RawDomainFile {
   std::map<std::string, int64_t> PortableCaps;
   std::map<std::string, std::string> Migration;
   std::vector<std::string> ConnectionTypes;
+  std::map<std::string, std::string> Fixits;
+  std::optional<CacheRewrite> Cache;
+  std::string RwMrPool;
+  std::string CoreFiles;
   std::vector<RawStruct> Structs;
   std::vector<RawFunction> Functions;
 };
@@ -98,8 +103,23 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("portable_caps", D.PortableCaps);
     Io.mapOptional("migration", D.Migration);
     Io.mapOptional("connection_types", D.ConnectionTypes);
+    Io.mapOptional("fixits", D.Fixits);
+    Io.mapOptional("cache_rewrite", D.Cache);
+    Io.mapOptional("rw_mr_pool", D.RwMrPool);
+    Io.mapOptional("core_files", D.CoreFiles);
     Io.mapOptional("structs", D.Structs);
     Io.mapRequired("functions", D.Functions);
+  }
+};
+template <> struct MappingTraits<CacheRewrite> {
+  static void mapping(IO &Io, CacheRewrite &C) {
+    Io.mapRequired("register", C.Register);
+    Io.mapRequired("deregister", C.Deregister);
+    Io.mapRequired("handle_type", C.HandleType);
+    Io.mapRequired("cache_type", C.CacheType);
+    Io.mapRequired("new_handle_type", C.NewHandleType);
+    Io.mapRequired("get", C.Get);
+    Io.mapRequired("put", C.Put);
   }
 };
 template <> struct MappingTraits<RuleInfo> {
@@ -195,6 +215,8 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::CoreRegRelease, "core.reg_release"},
     {Effect::CoreMrGet, "core.mr_get"},
     {Effect::CoreMrPut, "core.mr_put"},
+    {Effect::MemoryZero, "memory.zero"},
+    {Effect::ErrorPointerTest, "ptr.error_test"},
 };
 
 static constexpr std::pair<Opcode, llvm::StringLiteral> OpcodeNames[] = {
@@ -238,6 +260,14 @@ static constexpr std::pair<MigrationKey, llvm::StringLiteral> MigrationNames[] =
     {MigrationKey::QueueSizing, "queue_sizing"},
     {MigrationKey::RemoteInvalidation, "remote_invalidation"},
     {MigrationKey::DatapathRegistration, "datapath_registration"},
+    {MigrationKey::TransportFlags, "transport_flags"},
+    {MigrationKey::QueueFactor, "queue_factor"},
+    {MigrationKey::QueueFactorNote, "queue_factor_note"},
+    {MigrationKey::GlobalRkey, "global_rkey"},
+};
+static constexpr std::pair<FixTemplate, llvm::StringLiteral> FixTemplateNames[] = {
+    {FixTemplate::RotateKey, "rotate_key"},
+    {FixTemplate::NewWindowKey, "new_window_key"},
 };
 
 template <typename T, size_t N>
@@ -350,6 +380,18 @@ struct RulesBuilder {
         return fail("unknown capacity '" + Cap + "' in portable_caps");
       DM.PortableCaps[*Role] = Value;
     }
+    for (auto &[Key, Text] : Raw.Fixits) {
+      std::optional<FixTemplate> K = lookupName(FixTemplateNames, Key);
+      if (!K)
+        return fail("unknown fix-it template '" + Key + "'");
+      DM.Fixits[*K] = Text;
+    }
+    DM.Cache = Raw.Cache;
+    DM.RwMrPool = Raw.RwMrPool;
+    DM.CoreFiles = Raw.CoreFiles;
+    if (!DM.CoreFiles.empty())
+      if (std::string Error; !llvm::Regex(DM.CoreFiles).isValid(Error))
+        return fail("core_files: " + Error);
     for (auto &[Key, Text] : Raw.Migration) {
       std::optional<MigrationKey> K = lookupName(MigrationNames, Key);
       if (!K)
@@ -493,6 +535,20 @@ const StructModel *Rules::structure(llvm::StringRef RecordName) const {
   return It == StructIndex.end() ? nullptr : &Structs[It->second];
 }
 
+const StructModel *Rules::structure(Domain D, StructRole R) const {
+  for (const StructModel &S : Structs)
+    if (S.D == D && S.Role == R)
+      return &S;
+  return nullptr;
+}
+
+llvm::StringRef StructModel::pathOf(FieldRole R) const {
+  for (const auto &[Path, Role] : Fields)
+    if (Role == R)
+      return Path;
+  return {};
+}
+
 const DomainModel &Rules::domain(Domain D) const {
   return Domains[static_cast<size_t>(D)];
 }
@@ -515,6 +571,41 @@ llvm::StringRef Rules::flagName(Domain D, Flag F) const {
   const auto &Flags = domain(D).Flags;
   auto It = Flags.find(F);
   return It == Flags.end() ? llvm::StringRef() : It->second;
+}
+
+llvm::StringRef Rules::opcodeEnumerator(Domain D, Opcode Op) const {
+  for (const auto &[Enumerator, Name] : domain(D).Opcodes)
+    if (Name == opcodeName(Op))
+      return Enumerator;
+  return {};
+}
+
+std::string Rules::coreFiles() const {
+  std::string Out;
+  for (const DomainModel &D : Domains)
+    if (!D.CoreFiles.empty())
+      Out += (Out.empty() ? "" : "|") + D.CoreFiles;
+  return Out;
+}
+
+std::string expandTemplate(
+    llvm::StringRef Template,
+    llvm::ArrayRef<std::pair<llvm::StringRef, std::string>> Values) {
+  std::string Out;
+  while (!Template.empty()) {
+    size_t Open = Template.find('{');
+    size_t Close = Open == llvm::StringRef::npos ? Open : Template.find('}', Open);
+    if (Close == llvm::StringRef::npos) {
+      Out += Template;
+      break;
+    }
+    Out += Template.take_front(Open);
+    llvm::StringRef Name = Template.slice(Open + 1, Close);
+    auto It = llvm::find_if(Values, [&](const auto &V) { return V.first == Name; });
+    Out += It != Values.end() ? It->second : ("{" + Name + "}").str();
+    Template = Template.drop_front(Close + 1);
+  }
+  return Out;
 }
 
 bool Rules::isTransportConstant(llvm::StringRef Enumerator) const {

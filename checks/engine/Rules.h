@@ -48,7 +48,31 @@ enum class MigrationKey {
   QueueSizing,
   RemoteInvalidation,
   DatapathRegistration,
+  TransportFlags,  // access rights chosen by inline transport tests
+  QueueFactor,     // a queue depth multiplied by a hand-made factor
+  QueueFactorNote,
+  GlobalRkey,      // IB_PD_UNSAFE_GLOBAL_RKEY
 };
+/// Fix-it templates (rules/api/*.yaml, `fixits`); placeholders in braces.
+enum class FixTemplate {
+  RotateKey,    // {mr}: rotate a fast-registration MR's key
+  NewWindowKey, // {mw}: the next key of a memory window
+};
+
+/// rdma-registration-in-datapath's rewrite into a registration cache
+/// (rules/api/*.yaml, `cache_rewrite`).
+struct CacheRewrite {
+  std::string Register, Deregister; // the calls rewritten
+  std::string HandleType;           // record the handle points to
+  std::string CacheType;            // record of the cache the new calls need
+  std::string NewHandleType;
+  std::string Get, Put;             // templates: {core} {addr} {length} {access} {handle}
+};
+
+/// Replaces each `{name}` in \p Template by its value in \p Values.
+std::string expandTemplate(
+    llvm::StringRef Template,
+    llvm::ArrayRef<std::pair<llvm::StringRef, std::string>> Values);
 
 llvm::StringRef structRoleName(StructRole R);
 llvm::StringRef fieldRoleName(FieldRole R);
@@ -105,6 +129,8 @@ enum class Effect {
   CoreRegRelease,
   CoreMrGet,
   CoreMrPut,
+  MemoryZero,       // memset(&x, 0, ...)
+  ErrorPointerTest, // IS_ERR(p): true on the failure branch
 };
 
 /// What a work request does, independent of the API's spelling.
@@ -144,6 +170,9 @@ struct StructModel {
   StructRole Role = StructRole::Mr;
   std::string Base; // embedded base member, e.g. "wr" in ib_reg_wr
   std::map<std::string, FieldRole> Fields; // dotted path -> role
+
+  /// The dotted path of the field with \p R ("ex.invalidate_rkey"), or empty.
+  llvm::StringRef pathOf(FieldRole R) const;
 };
 
 /// One API surface (userspace verbs, kernel verbs, regcore).
@@ -160,6 +189,12 @@ struct DomainModel {
   std::map<MigrationKey, std::string> Migration;
   /// Record names of connection-lifetime objects (QP, CQ, PD, cm_id, ...).
   std::vector<std::string> ConnectionTypes;
+  std::map<FixTemplate, std::string> Fixits;
+  std::optional<CacheRewrite> Cache;
+  /// The ib_qp field rdma_rw takes its MRs from ("rdma_mrs").
+  std::string RwMrPool;
+  /// Files that implement this API (a regular expression on the path).
+  std::string CoreFiles;
 };
 
 struct RuleInfo {
@@ -207,6 +242,8 @@ public:
 
   const FunctionModel *function(llvm::StringRef Name) const;
   const StructModel *structure(llvm::StringRef RecordName) const;
+  /// The first struct of \p D with role \p R (ib_wc for Wc in the kernel).
+  const StructModel *structure(Domain D, StructRole R) const;
   const DomainModel &domain(Domain D) const;
   /// Semantic opcode of a WR opcode enumerator of any domain.
   std::optional<Opcode> opcodeOf(llvm::StringRef Enumerator) const;
@@ -215,6 +252,10 @@ public:
   /// Spelling of a flag in a domain, e.g. (Kernel, LocalWrite) ->
   /// IB_ACCESS_LOCAL_WRITE.
   llvm::StringRef flagName(Domain D, Flag F) const;
+  /// The enumerator that spells \p Op in \p D (IB_WR_REG_MR), or empty.
+  llvm::StringRef opcodeEnumerator(Domain D, Opcode Op) const;
+  /// The CoreFiles of every API, as one regular expression.
+  std::string coreFiles() const;
   bool isTransportConstant(llvm::StringRef Enumerator) const;
   bool isIbConstant(llvm::StringRef Enumerator) const;
 

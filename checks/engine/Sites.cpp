@@ -101,7 +101,8 @@ std::vector<AccessSite> accessSites(const TuAnalysis &A) {
     S.Fn = FS.Fn;
     S.Store = &FS;
     S.D = FS.Struct->D;
-    S.What = Fast ? "IB_WR_REG_MR" : "memory window bind";
+    S.What = Fast ? A.rules().opcodeEnumerator(S.D, Opcode::RegMr).str()
+                  : "memory window bind";
     S.Loc = FS.Spelling->getBeginLoc();
     S.Flags = FS.Value;
     S.Value = A.values(FS.Fn).flagsAfter(A.flow(FS.Fn).resolve(FS.Target),
