@@ -11,7 +11,7 @@ void AccessFlagsInvalidCheck::run(const TuAnalysis &A) {
   if (!A.flagBit(Flag::LocalWrite))
     return; // the unit does not include a verbs header
   Fixed.clear();
-  std::vector<AccessSite> Sites = accessSites(A);
+  const std::vector<AccessSite> &Sites = AccessSites::of(A).All;
   for (const AccessSite &S : Sites) {
     if (S.K == AccessSite::WindowBind)
       checkBind(A, S, Sites);

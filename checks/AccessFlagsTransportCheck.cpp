@@ -1,6 +1,7 @@
 //===- AccessFlagsTransportCheck.cpp - rdma-access-flags-transport --------===//
 
 #include "AccessFlagsTransportCheck.h"
+#include "engine/Program.h"
 #include "clang/AST/ASTContext.h"
 
 using namespace clang;
@@ -20,10 +21,10 @@ void AccessFlagsTransportCheck::storeOptions(
 void AccessFlagsTransportCheck::run(const TuAnalysis &A) {
   if (!A.flagBit(Flag::LocalWrite))
     return;
-  std::vector<AccessSite> Sites = accessSites(A);
+  const std::vector<AccessSite> &Sites = AccessSites::of(A).All;
   checkTransportTests(A, Sites);
   // A ULP that refuses iWARP devices never meets the READ-sink rule.
-  if (AssumeIWarp && !A.iwarpGuard())
+  if (AssumeIWarp && !Program::of(A).iwarpGuard())
     checkReadSinks(A, Sites);
 }
 
@@ -63,7 +64,7 @@ void AccessFlagsTransportCheck::checkReadSinks(
   uint64_t RemoteWrite = A.flagBit(Flag::RemoteWrite);
   llvm::DenseSet<const AccessSite *> Reported;
   for (const ReadSink &Sink : readSinks(A)) {
-    std::string OtherFileRefuses = factKey(FactKind::RefusesIwarp, A.ulpKey());
+    std::string OtherFileRefuses = factKey(FactKind::RefusesIwarp, Program::of(A).key());
     if (Sink.LocalDmaLkey) {
       reportUnless(A, Sink.ReadLoc,
              "RDMA READ into memory addressed with the PD's local_dma_lkey; "

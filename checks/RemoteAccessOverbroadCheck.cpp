@@ -11,7 +11,7 @@ namespace ulplint {
 void RemoteAccessOverbroadCheck::run(const TuAnalysis &A) {
   if (!A.flagBit(Flag::LocalWrite))
     return;
-  for (const AccessSite &S : accessSites(A)) {
+  for (const AccessSite &S : AccessSites::of(A).All) {
     if (S.K != AccessSite::Registration && S.K != AccessSite::FastReg)
       continue;
     checkUnusedRights(A, S);

@@ -1,6 +1,7 @@
 //===- SendQueueManualFactorCheck.cpp - rdma-send-queue-manual-factor -----===//
 
 #include "SendQueueManualFactorCheck.h"
+#include "engine/Program.h"
 #include "engine/WorkRequests.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/Lex/Lexer.h"
@@ -108,7 +109,7 @@ void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
     if (Here)
       report(A, S.Spelling->getBeginLoc(), Message);
     else if (!reportIfProgram(A, S.Spelling->getBeginLoc(), Message,
-                              {factKey(FactKind::PostsRegistration, A.ulpKey())}, {}))
+                              {factKey(FactKind::PostsRegistration, Program::of(A).key())}, {}))
       continue;
     DiagnosticBuilder N = note(A, S.Spelling->getBeginLoc(),
                                Advice(MigrationKey::QueueFactorNote));

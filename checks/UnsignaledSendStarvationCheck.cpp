@@ -1,6 +1,7 @@
 //===- UnsignaledSendStarvationCheck.cpp - rdma-unsignaled-send-starvation ===//
 
 #include "UnsignaledSendStarvationCheck.h"
+#include "engine/Program.h"
 #include "engine/WorkRequests.h"
 #include "clang/AST/ParentMap.h"
 #include "clang/AST/RecursiveASTVisitor.h"
@@ -20,7 +21,7 @@ void UnsignaledSendStarvationCheck::checkNeverSignaled(const TuAnalysis &A,
   if (!W.posts().empty() && W.mayRequestCompletion())
     return;
   StringRef FlagText = A.flagName(Flag::Signaled);
-  std::string Ulp = A.ulpKey();
+  std::string Ulp = Program::of(A).key();
   for (const QpCreation &Q : W.creations()) {
     if (Q.CoreManaged || !Q.SignalAll || *Q.SignalAll)
       continue;

@@ -149,14 +149,6 @@ public:
   /// Name of the enumerator of \p T's enum type with value \p V.
   llvm::StringRef enumeratorName(clang::QualType T, int64_t V) const;
 
-  /// The ULP the unit belongs to, for facts shared between its files: the
-  /// main file's directory.
-  std::string ulpKey() const;
-  /// An `if` that makes this unit refuse devices other than InfiniBand/RoCE
-  /// (`if (dev->node_type != RDMA_NODE_IB_CA) return;`), or null.
-  const clang::Stmt *iwarpGuard() const { return IWarpGuard; }
-  /// Tells the whole program (ulplint only) a fact about this unit.
-  void exportFact(llvm::StringRef Fact) const;
 
   /// The value of \p F's enumerator in this unit's API (its headers), or 0
   /// when the unit does not declare it.
@@ -166,7 +158,6 @@ public:
 
 private:
   void collect();
-  void findIWarpGuard();
   void collectFunction(const clang::FunctionDecl *FD);
   void addInitStores(const clang::FunctionDecl *FD, const clang::Stmt *At,
                      const Location &Object, clang::QualType T,
@@ -186,7 +177,6 @@ private:
   std::vector<std::pair<const clang::CallExpr *, const clang::FunctionDecl *>>
       DirectCalls;
   mutable llvm::DenseMap<const void *, std::shared_ptr<void>> Derived;
-  const clang::Stmt *IWarpGuard = nullptr;
   llvm::StringMap<const FunctionModel *> Wrappers;
   mutable bool EnumsIndexed = false;
   mutable llvm::StringMap<int64_t> Enumerators;

@@ -230,10 +230,6 @@ FunctionFlow::position(const Stmt *S) const {
   return {nullptr, 0};
 }
 
-const CFGBlock *FunctionFlow::blockOf(const Stmt *S) const {
-  return position(S).first;
-}
-
 llvm::SmallVector<const Def *, 4>
 FunctionFlow::reaching(const Location &L, const Stmt *At) const {
   llvm::SmallVector<const Def *, 4> Result;

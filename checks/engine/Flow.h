@@ -105,8 +105,6 @@ public:
   Location resolve(Location L) const;
   /// Every definition is reachable from \p From without passing \p Through?
   bool reachableFrom(const clang::Stmt *From, const clang::Stmt *To) const;
-  /// The CFG block holding \p S (or its closest ancestor in the CFG).
-  const clang::CFGBlock *blockOf(const clang::Stmt *S) const;
 
 private:
   void collectDefs();

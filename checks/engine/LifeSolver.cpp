@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "LifeEvents.h"
+#include "Program.h"
 #include "clang/AST/ASTContext.h"
 
 using namespace clang;
@@ -93,6 +94,8 @@ public:
           edge(*B, Index, *SB, S);
           if (Target.size() < budget::StatesPerBlock)
             Target.insert(S);
+          else if (!Target.count(S))
+            Truncated = true; // a path state dropped: findings may be missing
         }
         if (Target.size() != Before)
           Work.push_back(SB);
@@ -101,6 +104,10 @@ public:
         for (const PathState &S : States)
           exit(nullptr, S);
     }
+    if (!Work.empty())
+      Truncated = true; // out of steps before the walk converged
+    if (Truncated)
+      LC.Incomplete.insert(Fn);
     flushReleases();
   }
 
@@ -431,6 +438,7 @@ private:
   const FunctionDecl *Fn;
   SlotKey Slot;
   bool Local;
+  bool Truncated = false;
   std::map<const LifeEvent *, ReleaseSeen> Releases;
 };
 
@@ -447,6 +455,21 @@ Lifecycle::Lifecycle(const TuAnalysis &A) : A(A) {
     for (const SlotKey &Slot : Slots)
       SlotSolver(*this, A, Fn, Slot).run();
   exportFacts();
+  reportIncomplete();
+}
+
+void Lifecycle::reportIncomplete() const {
+  UnitFacts *Sink = currentFacts();
+  if (!Sink)
+    return;
+  const SourceManager &SM = A.sources();
+  for (const FunctionDecl *Fn : Incomplete) {
+    SourceLocation Loc = SM.getExpansionLoc(Fn->getLocation());
+    Sink->Incomplete.push_back(
+        {SM.getFilename(Loc).str(), SM.getExpansionLineNumber(Loc),
+         Fn->getNameAsString(),
+         "the registration lifecycle analysis reached its path budget"});
+  }
 }
 
 const Lifecycle &Lifecycle::of(const TuAnalysis &A) {
@@ -470,23 +493,23 @@ void Lifecycle::exportFacts() const {
       continue;
     switch (E.K) {
     case LifeEventKind::Expose:
-      A.exportFact(fact(FactKind::Exposes, E.Slot));
+      Program::of(A).exportFact(fact(FactKind::Exposes, E.Slot));
       break;
     case LifeEventKind::InvalidatePost:
     case LifeEventKind::InvalidateRemote:
-      A.exportFact(fact(FactKind::Invalidates, E.Slot));
+      Program::of(A).exportFact(fact(FactKind::Invalidates, E.Slot));
       break;
     case LifeEventKind::Deregister:
-      A.exportFact(fact(FactKind::Deregisters, E.Slot));
-      A.exportFact(fact(FactKind::Releases, E.Slot));
+      Program::of(A).exportFact(fact(FactKind::Deregisters, E.Slot));
+      Program::of(A).exportFact(fact(FactKind::Releases, E.Slot));
       break;
     case LifeEventKind::Release:
     case LifeEventKind::ContainerRelease:
     case LifeEventKind::Escape:
-      A.exportFact(fact(FactKind::Releases, E.Slot));
+      Program::of(A).exportFact(fact(FactKind::Releases, E.Slot));
       break;
     case LifeEventKind::Rotate:
-      A.exportFact(fact(FactKind::Rotates, E.Slot));
+      Program::of(A).exportFact(fact(FactKind::Rotates, E.Slot));
       break;
     default:
       break;
@@ -494,7 +517,7 @@ void Lifecycle::exportFacts() const {
   }
   for (const RemoteInvalidation &R : RemoteInvs)
     for (const SlotKey &Slot : R.Slots)
-      A.exportFact(fact(FactKind::Invalidates, Slot));
+      Program::of(A).exportFact(fact(FactKind::Invalidates, Slot));
 }
 
 } // namespace ulplint

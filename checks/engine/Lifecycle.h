@@ -23,6 +23,7 @@
 
 #include "Analysis.h"
 #include "Slots.h"
+#include "llvm/ADT/SetVector.h"
 #include <map>
 #include <set>
 
@@ -100,8 +101,14 @@ public:
   /// "exposes:<slot>" etc., the facts ulplint shares between units.
   static std::string fact(FactKind K, const SlotKey &Slot);
 
+  /// Functions whose walk a budget cut short (their findings may be missing).
+  llvm::ArrayRef<const clang::FunctionDecl *> incomplete() const {
+    return Incomplete.getArrayRef();
+  }
+
 private:
   void exportFacts() const;
+  void reportIncomplete() const;
 
   const TuAnalysis &A;
   std::vector<LifeEvent> Events;
@@ -124,6 +131,7 @@ public:
 private:
   std::vector<RemoteInvalidation> RemoteInvs;
   std::set<const LifeEvent *> Holding;
+  llvm::SetVector<const clang::FunctionDecl *> Incomplete;
   friend class LifecycleBuilder;
   friend class SlotSolver;
   friend void extractEvents(Lifecycle &L);

@@ -2,6 +2,7 @@
 
 #include "RdmaCheck.h"
 #include "Facts.h"
+#include "Program.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/ASTMatchers/ASTMatchFinder.h"
 #include "llvm/ADT/StringExtras.h"
@@ -40,7 +41,9 @@ void RdmaCheck::check(const MatchFinder::MatchResult &Result) {
       if (CoreFilesRegex.match(Main->getName()))
         return;
   }
-  run(TuAnalysis::get(Ctx, ApiWrappers));
+  const TuAnalysis &A = TuAnalysis::get(Ctx, ApiWrappers);
+  Program::of(A); // tells the program what this unit knows of it, once
+  run(A);
 }
 
 DiagnosticBuilder RdmaCheck::report(const TuAnalysis &A, SourceLocation Loc,

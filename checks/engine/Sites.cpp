@@ -57,8 +57,12 @@ static void setRegion(AccessSite &S, const FieldStore *MrStore) {
   S.RegionFn = MrStore->Fn;
 }
 
-std::vector<AccessSite> accessSites(const TuAnalysis &A) {
-  std::vector<AccessSite> Sites;
+const AccessSites &AccessSites::of(const TuAnalysis &A) {
+  return A.cached<AccessSites>();
+}
+
+AccessSites::AccessSites(const TuAnalysis &A) {
+  std::vector<AccessSite> &Sites = All;
   for (const ApiCall &C : A.calls()) {
     Effect E = C.Model->E;
     bool IsReg = E == Effect::MrRegister || E == Effect::MrReregister;
@@ -110,7 +114,6 @@ std::vector<AccessSite> accessSites(const TuAnalysis &A) {
     setRegion(S, sibling(A, FS, Fast ? FieldRole::RegMr : FieldRole::BindMr));
     Sites.push_back(std::move(S));
   }
-  return Sites;
 }
 
 std::vector<const AccessSite *> rightsOf(const TuAnalysis &A,

@@ -38,7 +38,12 @@ struct AccessSite {
   const clang::FunctionDecl *RegionFn = nullptr; // function naming Region
 };
 
-std::vector<AccessSite> accessSites(const TuAnalysis &A);
+/// Every place the unit requests access rights, computed once per unit.
+struct AccessSites {
+  static const AccessSites &of(const TuAnalysis &A);
+  explicit AccessSites(const TuAnalysis &A);
+  std::vector<AccessSite> All;
+};
 
 /// The opcodes a store into a work request's opcode field may write.
 llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,

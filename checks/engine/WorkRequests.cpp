@@ -1,13 +1,16 @@
 //===- WorkRequests.cpp - Work requests, posts and queue pairs ------------===//
 
 #include "WorkRequests.h"
+#include "Program.h"
 #include "Sites.h"
 #include "clang/AST/ASTContext.h"
+#include "llvm/Support/Debug.h"
 #include <map>
-#include <mutex>
 #include <set>
 
 using namespace clang;
+
+#define DEBUG_TYPE "ulplint-wr"
 
 namespace ulplint {
 
@@ -345,6 +348,7 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
   }
   addExtendedPosts(A, Posts);
   exportFacts();
+  LLVM_DEBUG(dump(llvm::dbgs()));
 
   for (const ApiCall &C : A.calls()) {
     if (C.Model->E != Effect::QpCreate)
@@ -410,12 +414,12 @@ bool WorkRequests::mayRequestCompletion() const {
 void WorkRequests::exportFacts() const {
   if (Posts.empty())
     return;
-  std::string Ulp = A.ulpKey();
-  A.exportFact(factKey(FactKind::Posts, Ulp));
+  std::string Ulp = Program::of(A).key();
+  Program::of(A).exportFact(factKey(FactKind::Posts, Ulp));
   if (postsRegistrations())
-    A.exportFact(factKey(FactKind::PostsRegistration, Ulp));
+    Program::of(A).exportFact(factKey(FactKind::PostsRegistration, Ulp));
   if (mayRequestCompletion())
-    A.exportFact(factKey(FactKind::Signals, Ulp));
+    Program::of(A).exportFact(factKey(FactKind::Signals, Ulp));
 }
 
 std::optional<Linear> capValue(const TuAnalysis &A, const QpCreation &Q,
@@ -439,24 +443,20 @@ std::optional<Linear> capValue(const TuAnalysis &A, const QpCreation &Q,
 }
 
 const WorkRequests &WorkRequests::of(const TuAnalysis &A) {
-  const WorkRequests &W = A.cached<WorkRequests>();
-  if (getenv("ULPLINT_DEBUG_WR")) {
-    static thread_local const WorkRequests *Printed = nullptr;
-    if (Printed != &W) {
-      Printed = &W;
-      for (const PostSite &P : W.posts()) {
-        llvm::errs() << "post in " << P.Fn->getName() << (P.Complete ? "" : " (incomplete)")
-                     << (P.CoreManaged ? " (core)" : "") << ":";
-        for (const WrSlot &S : P.Chain)
-          llvm::errs() << " [" << S.Key.str() << " " << describe({&S}) << " sig=" << S.Signal << "]";
-        llvm::errs() << "\n";
-      }
-      llvm::errs() << "per-I/O: " << describe(W.perIoSlots()) << " drains=" << W.drains() << "\n";
-    }
-  }
-  return W;
+  return A.cached<WorkRequests>();
 }
 
+void WorkRequests::dump(llvm::raw_ostream &OS) const {
+  for (const PostSite &P : Posts) {
+    OS << "post in " << P.Fn->getName() << (P.Complete ? "" : " (incomplete)")
+       << (P.CoreManaged ? " (core)" : "") << ":";
+    for (const WrSlot &S : P.Chain)
+      OS << " [" << S.Key.str() << " " << describe({&S}) << " sig=" << S.Signal
+         << "]";
+    OS << "\n";
+  }
+  OS << "per-I/O: " << describe(perIoSlots()) << " drains=" << Drains << "\n";
+}
 
 std::vector<const WrSlot *> WorkRequests::perIoSlots() const {
   // A request sends one message (the longest chain a post submits) and
@@ -511,3 +511,4 @@ std::string WorkRequests::describe(llvm::ArrayRef<const WrSlot *> Slots) {
 }
 
 } // namespace ulplint
+#undef DEBUG_TYPE

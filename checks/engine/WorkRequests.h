@@ -106,6 +106,8 @@ public:
   bool mayRequestCompletion() const;
   /// "REG_MR, SEND, LOCAL_INV"
   static std::string describe(llvm::ArrayRef<const WrSlot *> Slots);
+  /// The posts and per-I/O slots, for -debug-only=ulplint-wr.
+  void dump(llvm::raw_ostream &OS) const;
 
 private:
   void exportFacts() const;
