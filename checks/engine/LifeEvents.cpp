@@ -280,6 +280,12 @@ private:
     case Effect::CqPoll:
       add(event(LifeEventKind::Wait, SlotKey(), Fn, CE, Loc, Name));
       break;
+    case Effect::ErrorPointerTest:
+    case Effect::MemoryZero:
+      // Outside the lifecycle; a handle passed here is treated like one
+      // passed to any function of another unit.
+      helperOrUnknown(Fn, CE);
+      break;
     default:
       break;
     }
