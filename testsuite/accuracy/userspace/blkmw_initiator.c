@@ -153,6 +153,7 @@ int blkmw_queue_init(struct blkmw_queue *q, struct ibv_context *ctx)
 	if (!q->arena)
 		goto err_qp;
 	/* OK: rdma-access-flags-invalid -- windows granting remote write need LOCAL_WRITE and MW_BIND here, both set */
+	/* OK: rdma-local-mr-management -- the MR under the windows has no remote rights; the window sites are the ones reported */
 	q->data_mr = ibv_reg_mr(q->pd, q->arena, (size_t)q->depth * BLKMW_IO_MAX,
 				IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
 	if (!q->data_mr)

@@ -46,6 +46,7 @@ int gstage_init(struct gstage *g)
 	if (!g->staging)
 		return -ENOMEM;
 	/* OK: rdma-access-flags-invalid -- LOCAL_WRITE and MW_BIND for remote-write windows */
+	/* OK: rdma-local-mr-management -- the MR under the windows; the window sites are the ones reported */
 	g->staging_mr = ibv_reg_mr(g->pd, g->staging, (size_t)GS_SLOTS * GS_SLOT_SIZE,
 				   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
 	if (!g->staging_mr)

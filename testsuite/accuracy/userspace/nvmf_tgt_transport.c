@@ -198,6 +198,7 @@ int tgt_request_fetch_data(struct tgt_qpair *q, struct tgt_request *req)
 	req->data_wr.num_sge = 1;
 	req->data_wr.wr.rdma.remote_addr = req->remote_addr;
 	req->data_wr.wr.rdma.rkey = req->remote_key;
+	/* OK: rdma-access-flags-transport -- not a sink-rights bug: iWARP sinks get REMOTE_WRITE (the inline test is reported at the registration) */
 	return ibv_post_send(q->qp, &req->data_wr, &bad);
 }
 

@@ -2,13 +2,12 @@
  * ckptw: writes application checkpoints into a checkpoint server's region
  * with rdma_post_write() over an rdma_cm connection.  Each checkpoint is a
  * series of WRITEs; the last one carries IBV_SEND_FENCE so that the
- * server's "checkpoint complete" flag WRITE lands after the data.  The
- * writer then polls the server's flag with an RDMA READ... which it never
- * needs to do, because completion is never asked for on the send side
- * either: the endpoint was created with sq_sig_all = 0, the flags passed
- * are 0 or IBV_SEND_FENCE, and the READ of the flag is posted with
- * IBV_SEND_FENCE as well.  After max_send_wr work requests the connection
- * is stuck.
+ * server's "checkpoint complete" flag lands after the data, and the
+ * writer learns that the server consumed the checkpoint by RDMA-READing a
+ * flag word back.  No completion is ever requested on the send side: the
+ * endpoint was created with sq_sig_all = 0, the WRITEs pass 0 or
+ * IBV_SEND_FENCE, and the READ passes IBV_SEND_FENCE too.  After
+ * max_send_wr work requests the connection is stuck.
  *
  * Correct: the data source and the flag word are registered once per
  * connection; the READ sink (the flag word) is registered with

@@ -62,6 +62,7 @@ int rxwin_grow(struct rxwin *w, size_t new_len, struct rxwin_desc *d)
 		return -ENOMEM;
 	memcpy(nbuf, w->buf, w->len);
 	// BUG: rdma-access-flags-invalid -- new access has REMOTE_WRITE without IBV_ACCESS_LOCAL_WRITE
+	/* OK: rdma-local-mr-management -- a rereg of the MR reported at its registration, not a new site */
 	ret = ibv_rereg_mr(w->mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS,
 			   w->pd, nbuf, new_len,
 			   IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);

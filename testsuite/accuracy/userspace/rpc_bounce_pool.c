@@ -39,6 +39,7 @@ struct mlib_buf {
 enum mlib_desc_kind { MLIB_DESC_BOUNCE, MLIB_DESC_ZCOPY };
 
 struct mlib_desc {
+	struct mlib_desc   *next;	/* posted, not yet retired */
 	enum mlib_desc_kind kind;
 	struct mlib_buf    *buf;	/* bounce */
 	struct ibv_mr      *zmr;	/* zero-copy */
@@ -56,6 +57,7 @@ struct mlib_ep {
 	unsigned int       unsig;
 	struct mlib_chunk *chunks;
 	struct mlib_buf   *free_bufs;
+	struct mlib_desc  *pend_head, *pend_tail;
 };
 
 int mlib_ep_create(struct mlib_ep *ep, struct ibv_pd *pd, struct ibv_cq *cq,
@@ -142,8 +144,27 @@ static int mlib_post(struct mlib_ep *ep, struct mlib_desc *d, struct ibv_sge *sg
 		ep->unsig++;
 		d->retire = 0;
 	}
+	if (ibv_post_send(ep->qp, &wr, &bad))
+		return -EIO;
 	ep->sq_used++;
-	return ibv_post_send(ep->qp, &wr, &bad);
+	d->next = NULL;
+	if (ep->pend_tail)
+		ep->pend_tail->next = d;
+	else
+		ep->pend_head = d;
+	ep->pend_tail = d;
+	return 0;
+}
+
+static void mlib_desc_put(struct mlib_ep *ep, struct mlib_desc *d)
+{
+	if (d->kind == MLIB_DESC_ZCOPY) {
+		ibv_dereg_mr(d->zmr); // BUG: rdma-registration-in-datapath -- deregistration once per large message (completion and failed-post paths)
+	} else {
+		d->buf->next_free = ep->free_bufs;
+		ep->free_bufs = d->buf;
+	}
+	free(d);
 }
 
 int mlib_send(struct mlib_ep *ep, const void *msg, uint32_t len,
@@ -185,24 +206,29 @@ int mlib_send(struct mlib_ep *ep, const void *msg, uint32_t len,
 		sge.length = len;
 		ret = mlib_post(ep, d, &sge, 1);
 	}
+	/* OK: rdma-mr-leak -- a failed post releases the descriptor and its MR */
+	if (ret)
+		mlib_desc_put(ep, d);
 	return ret;
 }
 
+/* a signaled completion retires it and every unsignaled send posted before it */
 void mlib_send_done(struct mlib_ep *ep, struct ibv_wc *wc)
 {
-	struct mlib_desc *d = (struct mlib_desc *)(uintptr_t)wc->wr_id;
+	struct mlib_desc *last = (struct mlib_desc *)(uintptr_t)wc->wr_id;
 	int status = wc->status == IBV_WC_SUCCESS ? 0 : -EIO;
+	struct mlib_desc *d;
 
-	ep->sq_used -= d->retire;
-	if (d->kind == MLIB_DESC_ZCOPY) {
-		ibv_dereg_mr(d->zmr); // BUG: rdma-registration-in-datapath -- deregistration once per large message, in the completion handler
-	} else {
-		d->buf->next_free = ep->free_bufs;
-		ep->free_bufs = d->buf;
-	}
-	if (d->cb)
-		d->cb(d->arg, status);
-	free(d);
+	ep->sq_used -= last->retire;
+	do {
+		d = ep->pend_head;
+		ep->pend_head = d->next;
+		if (!ep->pend_head)
+			ep->pend_tail = NULL;
+		if (d->cb)
+			d->cb(d->arg, status);
+		mlib_desc_put(ep, d);
+	} while (d != last);
 }
 
 void mlib_ep_destroy(struct mlib_ep *ep)
