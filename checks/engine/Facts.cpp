@@ -29,6 +29,7 @@ static llvm::StringRef factVerb(FactKind K) {
   case FactKind::Posts: return "posts";
   case FactKind::PostsRegistration: return "posts-registration";
   case FactKind::Signals: return "signals";
+  case FactKind::ComparesInvalidatedKey: return "compares-invalidated-key";
   }
   return "";
 }

@@ -35,6 +35,7 @@ enum class FactKind {
   Posts,             // the program posts send work requests
   PostsRegistration, // ... among them REG_MR, LOCAL_INV or BIND_MW
   Signals,           // ... and some of them ask for a completion
+  ComparesInvalidatedKey, // the function compares a caller's key with an MR's
 };
 
 /// The spelling units exchange: "exposes:nvme_rdma_request.mr".

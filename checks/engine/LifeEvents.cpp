@@ -66,13 +66,24 @@ CompletionFields::CompletionFields(const TuAnalysis &A) : A(A) {
 
 std::optional<FieldRole> CompletionFields::role(const FunctionDecl *Fn,
                                                 const Expr *E) const {
+  // The extended CQ API reads the current completion through calls.
+  if (const auto *CE = dyn_cast_or_null<CallExpr>(stripExpr(E)))
+    if (const FunctionModel *M = A.modelOf(CE)) {
+      if (M->E == Effect::WcReadFlags)
+        return FieldRole::WcFlags;
+      if (M->E == Effect::WcReadInvalidatedRkey)
+        return FieldRole::InvalidatedRkey;
+      if (M->E == Effect::WcReadOpcode)
+        return FieldRole::WcOpcode;
+    }
   std::optional<Location> L = locationOf(E);
   if (!L)
     return std::nullopt;
   if (!L->Steps.empty())
     if (auto F = A.classify(*L))
       if (F->Struct->Role == StructRole::Wc &&
-          (F->Role == FieldRole::WcFlags || F->Role == FieldRole::InvalidatedRkey))
+          (F->Role == FieldRole::WcFlags || F->Role == FieldRole::InvalidatedRkey ||
+           F->Role == FieldRole::WcOpcode))
         return F->Role;
   auto It = Copies.find(SlotKey::of(A.flow(Fn).resolve(*L), Fn));
   if (It != Copies.end())
@@ -155,7 +166,7 @@ public:
     if (!G)
       return;
     for (Lifecycle::RemoteInvalidation &R :
-         findRemoteInvalidations(A, Fields, Keys, Fn))
+         findRemoteInvalidations(A, Fields, Keys, Fn, L.KeyCompares))
       L.RemoteInvs.push_back(std::move(R));
     // Entry first: events of a block come in source order.
     for (const CFGBlock *B : llvm::reverse(*G))
@@ -179,6 +190,14 @@ private:
     E.S = S;
     E.Loc = Loc;
     E.What = What.str();
+    return E;
+  }
+
+  /// An event of a post: it does not happen when the post fails.
+  LifeEvent postEvent(LifeEventKind K, const SlotKey &Slot, const FunctionDecl *Fn,
+                      const Stmt *S, SourceLocation Loc, StringRef What) {
+    LifeEvent E = event(K, Slot, Fn, S, Loc, What);
+    E.Post = S;
     return E;
   }
 
@@ -362,6 +381,28 @@ private:
                 Name));
   }
 
+  /// `mr = ulp_get_mr(conn)`: a helper that returns a handle it produced
+  /// produces it here.
+  void freshFromHelper(const FunctionDecl *Fn, const CallExpr *CE,
+                       const FunctionDecl *Callee) {
+    std::optional<Location> Result = A.resultOf(CE);
+    if (!Result || !isHandleType(A, Callee->getReturnType()))
+      return;
+    std::vector<const ApiCall *> Producers = A.returnedProducers(
+        Callee, {Effect::MrRegister, Effect::MrAlloc, Effect::MrPoolGet,
+                 Effect::MwAlloc});
+    if (Producers.empty())
+      return;
+    const ApiCall &P = *Producers.front();
+    LifeEvent E = event(LifeEventKind::Produce, slotOf(A, *Result, Fn), Fn, CE,
+                        CE->getBeginLoc(), Callee->getName());
+    E.Stable = stable(Fn, *Result);
+    E.Reusable = P.Model->E != Effect::MrRegister;
+    E.By = P.Model->E;
+    E.Window = P.Model->E == Effect::MwAlloc;
+    add(E);
+  }
+
   /// Slots of handles the unit stores inside \p Container.
   std::vector<SlotKey> handleSlotsWithin(const FunctionDecl *Fn,
                                          const Location &Container) {
@@ -384,14 +425,19 @@ private:
     return Found;
   }
 
-  /// A call to a helper of this unit carries its effects; anything else that
-  /// receives a handle may keep or release it.
+  /// A call to a helper of this unit carries its effects (the solver
+  /// applies its summary); anything else that receives a handle may keep or
+  /// release it.
   void helperOrUnknown(const FunctionDecl *Fn, const CallExpr *CE) {
     const FunctionDecl *Callee = CE->getDirectCallee();
     const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
     bool Helper = Def && llvm::is_contained(A.functions(), Def);
     if (Helper) {
-      Calls.push_back({Fn, CE, Def});
+      LifeEvent E = event(LifeEventKind::Call, SlotKey(), Fn, CE,
+                          CE->getBeginLoc(), Def->getName());
+      E.Callee = Def;
+      add(E);
+      freshFromHelper(Fn, CE, Def);
       return;
     }
     for (const Expr *Arg : CE->arguments())
@@ -401,86 +447,22 @@ private:
   }
 
 public:
-  /// Applies helpers' effects at their call sites, after every function's
-  /// own events exist.
-  void applySummaries() {
-    for (const auto &[Fn, CE, Callee] : Calls) {
-      std::set<std::pair<LifeEventKind, SlotKey>> Effects;
-      summarize(Callee, Effects, 0);
-      std::map<SlotKey, std::set<LifeEventKind>> BySlot;
-      for (const auto &[K, Slot] : Effects)
-        if (!Slot.isLocal()) // the helper's own locals stay there
-          BySlot[Slot].insert(K);
-      for (const auto &[Slot, Kinds] : BySlot)
-        for (LifeEventKind K : callEffect(Kinds)) {
-          LifeEvent E = event(K, Slot, Fn, CE, CE->getBeginLoc(),
-                              Callee->getName());
-          E.Via = CE;
-          add(E);
-        }
-    }
+  /// ib_mr_pool_destroy() deregisters every MR of the pool: each slot that
+  /// holds MRs taken from a pool.
+  void destroyPools() {
+    std::vector<SlotKey> Pooled;
+    for (const LifeEvent &E : L.Events)
+      if (E.K == LifeEventKind::Produce && E.By == Effect::MrPoolGet &&
+          !llvm::is_contained(Pooled, E.Slot))
+        Pooled.push_back(E.Slot);
+    for (const ApiCall &C : A.calls())
+      if (C.Model->E == Effect::MrPoolDestroy)
+        for (const SlotKey &Slot : Pooled)
+          add(event(LifeEventKind::Deregister, Slot, C.Caller, C.Call,
+                    C.Call->getBeginLoc(), C.Model->Name));
   }
 
 private:
-  /// What a helper call does to a slot, without knowing the helper's paths:
-  /// only unambiguous effects may create incidents at the call.
-  static std::vector<LifeEventKind> callEffect(const std::set<LifeEventKind> &K) {
-    auto Has = [&](LifeEventKind X) { return K.count(X) != 0; };
-    std::vector<LifeEventKind> Out;
-    if (Has(LifeEventKind::Rotate))
-      Out.push_back(LifeEventKind::Rotate);
-    bool Invalidates = Has(LifeEventKind::InvalidatePost) ||
-                       Has(LifeEventKind::InvalidateRemote);
-    LifeEventKind Release = Has(LifeEventKind::Release) ? LifeEventKind::Release
-                            : Has(LifeEventKind::ContainerRelease)
-                                ? LifeEventKind::ContainerRelease
-                                : LifeEventKind::BufferRelease;
-    bool Releases = Has(LifeEventKind::Release) ||
-                    Has(LifeEventKind::ContainerRelease) ||
-                    Has(LifeEventKind::BufferRelease);
-    if (Has(LifeEventKind::Deregister) || (Releases && Invalidates)) {
-      Out.push_back(LifeEventKind::Deregister); // handled completely inside
-    } else if (Releases) {
-      Out.push_back(Release);
-    } else if (Invalidates) {
-      Out.push_back(LifeEventKind::InvalidateRemote); // done, as far as we know
-    } else if (Has(LifeEventKind::Expose)) {
-      Out.push_back(LifeEventKind::Expose);
-    } else if (Has(LifeEventKind::Escape)) {
-      Out.push_back(LifeEventKind::Escape);
-    }
-    return Out;
-  }
-
-private:
-  void summarize(const FunctionDecl *F,
-                 std::set<std::pair<LifeEventKind, SlotKey>> &Out,
-                 unsigned Depth) {
-    if (Depth > budget::SummaryDepth)
-      return;
-    for (const LifeEvent &E : L.Events) {
-      if (E.Fn != F || E.Via)
-        continue;
-      switch (E.K) {
-      case LifeEventKind::Expose:
-      case LifeEventKind::InvalidatePost:
-      case LifeEventKind::Deregister:
-      case LifeEventKind::Release:
-      case LifeEventKind::BufferRelease:
-      case LifeEventKind::ContainerRelease:
-      case LifeEventKind::Rotate:
-      case LifeEventKind::Escape:
-        Out.insert({E.K, E.Slot});
-        break;
-      default:
-        break;
-      }
-    }
-    for (const auto &[Fn, CE, Callee] : Calls)
-      if (Fn == F)
-        summarize(Callee, Out, Depth + 1);
-  }
-
   void assigned(const FunctionDecl *Fn, const BinaryOperator *BO) {
     const Expr *Lhs = BO->getLHS();
     const Expr *Rhs = stripExpr(BO->getRHS());
@@ -528,19 +510,19 @@ private:
         if (Grants)
           for (const FieldStore *Mr : slotStores(A, W, FieldRole::RegMr))
             if (auto Slot = handleSlot(Mr->Fn, Mr->Value))
-              add(event(LifeEventKind::Expose, *Slot, Fn, S, Loc,
-                        A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr)));
+              add(postEvent(LifeEventKind::Expose, *Slot, Fn, S, Loc,
+                            A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr)));
       }
       if (W.mayBe(Opcode::BindMw))
         for (const FieldStore *Mw : slotStores(A, W, FieldRole::BindMw))
           if (auto Slot = handleSlot(Mw->Fn, Mw->Value))
-            add(event(LifeEventKind::Expose, *Slot, Fn, S, Loc,
-                      A.rules().opcodeEnumerator(A.domain(), Opcode::BindMw)));
+            add(postEvent(LifeEventKind::Expose, *Slot, Fn, S, Loc,
+                          A.rules().opcodeEnumerator(A.domain(), Opcode::BindMw)));
       if (W.mayBe(Opcode::LocalInv))
         for (const FieldStore *Key : slotStores(A, W, FieldRole::InvalidateRkey))
           if (auto Slot = Keys.keySlot(Key->Fn, Key->Value)) {
-            LifeEvent E = event(LifeEventKind::InvalidatePost, *Slot, Fn, S, Loc,
-                                "LOCAL_INV");
+            LifeEvent E = postEvent(LifeEventKind::InvalidatePost, *Slot, Fn,
+                                    S, Loc, "LOCAL_INV");
             E.Signaled = W.Signal != WrSlot::Never;
             add(E);
           }
@@ -553,8 +535,6 @@ private:
   llvm::DenseMap<const CallExpr *, const ApiCall *> CallModel;
   llvm::DenseMap<const CallExpr *, const PostSite *> Posts;
   std::vector<std::tuple<Location, const FunctionDecl *, SlotKey>> Buffers;
-  std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *>>
-      Calls;
   CompletionFields Fields;
   KeyTracker Keys;
 };
@@ -565,7 +545,7 @@ void extractEvents(Lifecycle &L) {
     B.findBuffers(Fn);
   for (const FunctionDecl *Fn : L.A.functions())
     B.extract(Fn);
-  B.applySummaries();
+  B.destroyPools();
 }
 
 } // namespace ulplint

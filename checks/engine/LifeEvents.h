@@ -11,6 +11,7 @@
 #define ULPLINT_ENGINE_LIFEEVENTS_H
 
 #include "Lifecycle.h"
+#include "Program.h"
 #include <map>
 
 namespace ulplint {
@@ -42,6 +43,10 @@ public:
   /// WcFlags / InvalidatedRkey for an expression that reads one.
   std::optional<FieldRole> role(const clang::FunctionDecl *Fn,
                                 const clang::Expr *E) const;
+  /// Does \p E read the opcode of a completion (`wc->opcode`, a copy)?
+  bool isCompletionOpcode(const clang::FunctionDecl *Fn, const clang::Expr *E) const {
+    return role(Fn, E) == FieldRole::WcOpcode;
+  }
 
 private:
   const TuAnalysis &A;
@@ -64,9 +69,13 @@ private:
 
 /// The branches of \p Fn that accept a remote invalidation and whether they
 /// compare the invalidated rkey.
+/// The equality tests of an invalidated rkey against an MR's key go to
+/// \p Compares. A function that compares a key its caller passes exports
+/// compares-invalidated-key:<name> for callers in other units.
 std::vector<Lifecycle::RemoteInvalidation>
 findRemoteInvalidations(const TuAnalysis &A, const CompletionFields &CF,
-                        const KeyTracker &Keys, const clang::FunctionDecl *Fn);
+                        const KeyTracker &Keys, const clang::FunctionDecl *Fn,
+                        std::map<const clang::Expr *, Lifecycle::KeyCompare> &Compares);
 
 /// Extracts every function's events into \p L, helpers' effects included.
 void extractEvents(Lifecycle &L);

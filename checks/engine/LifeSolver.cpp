@@ -1,119 +1,450 @@
 //===- LifeSolver.cpp - Walking each function's paths per handle ----------===//
 //
-// The third part of the lifecycle model: a path-sensitive walk of each
-// function for each slot it touches, over Clang's CFG, recording the
-// incidents the lifecycle checks report.
+// The third part of the lifecycle model: a path-sensitive walk over Clang's
+// CFG of each function for each handle slot, compositional across the unit
+// the way Infer's Pulse is. A helper's walk, from each state its caller can
+// be in, is its summary: the states it may leave the slot in, split by
+// whether it returns an error, and the incidents it meets on the way. A
+// caller applies the summary at the call, binding the helper's parameters
+// to its arguments; the incidents become real in the functions nothing in
+// the unit calls (the roots: submit paths, completion handlers, callbacks).
+//
+// Shared slots (a field of a request, a global) outlive one activation: a
+// root starts from the states the roots leave them in (resting states), so a
+// completion handler that recycles a request sees the rkey its submit path
+// exposed. A LOCAL_INV's done callback starts from an invalidated key.
 //
 //===----------------------------------------------------------------------===//
 
 #include "LifeEvents.h"
-#include "Program.h"
 #include "clang/AST/ASTContext.h"
+#include "clang/AST/ParentMap.h"
+#include <deque>
 
 using namespace clang;
 
 namespace ulplint {
 
 namespace budget {
-/// Blocks one function's walk may visit per slot.
+/// Blocks one walk may process.
 constexpr unsigned SolverSteps = 20000;
 /// Distinct path states kept at a block's entry.
 constexpr unsigned StatesPerBlock = 24;
+/// Helpers applied inside helpers.
+constexpr unsigned CallDepth = 8;
+/// Rounds of the resting-state fixpoint (the lattice is small).
+constexpr unsigned RestingRounds = 8;
+/// Resting states kept per slot.
+constexpr unsigned RestingStates = 12;
 } // namespace budget
 
 namespace {
 
 enum class Life : uint8_t {
-  Unknown,     // from outside the function
+  Unknown,     // from outside the unit
   None,        // holds nothing (NULL, or before production)
   Live,        // holds a handle with no remote rights
   Exposed,     // key valid for a peer
+  Claimed,     // the peer reports it invalidated the key; not yet compared
   InvalPosted, // LOCAL_INV posted
-  Invalidated, // invalidated (remote invalidation accepted)
+  Invalidated, // invalidated (LOCAL_INV done, or a checked remote invalidation)
   Released,
   Escaped,
 };
 
+bool holds(Life L) {
+  return L == Life::Live || L == Life::Exposed || L == Life::Claimed ||
+         L == Life::InvalPosted || L == Life::Invalidated;
+}
+
+/// Stands for "whatever the caller had" in a summary's states and
+/// incidents; applying the summary puts the caller's value in its place.
+const LifeEvent EntryMarker;
+
 struct PathState {
-  Life L = Life::Unknown;
+  Life L = Life::None;
+  bool Signaled = true; // InvalPosted: the LOCAL_INV asks for a completion
+  bool Waited = false;  // completions were waited for since the LOCAL_INV
+  int8_t Outcome = 0;   // Tag's outcome here: 1 failed, -1 succeeded, 0 unknown
+  Life Undo = Life::None; // the state before Tag, restored if it failed
   const LifeEvent *Produced = nullptr;
   const LifeEvent *Exposed = nullptr;
   const LifeEvent *Inval = nullptr;
-  const Stmt *ExposedBy = nullptr; // the post call that exposed
+  const LifeEvent *UndoExposed = nullptr;
   const Stmt *ErrorBranch = nullptr;
-  bool Waited = false;
+  /// The last call (a post, or a helper with distinct outcomes) whose
+  /// failure changes what happened to the slot.
+  const Stmt *Tag = nullptr;
+  /// The branch where the invalidated rkey turned out to be another key.
+  const Stmt *Mismatch = nullptr;
+  /// A helper returned an error still holding a handle it produced: the
+  /// caller releases it, or the helper leaked it.
+  const LifeIncident *Pending = nullptr;
 
-  bool operator<(const PathState &O) const {
-    return std::tie(L, Produced, Exposed, Inval, ExposedBy, ErrorBranch, Waited) <
-           std::tie(O.L, O.Produced, O.Exposed, O.Inval, O.ExposedBy,
-                    O.ErrorBranch, O.Waited);
+  auto tie() const {
+    return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
+                    Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending);
+  }
+  bool operator<(const PathState &O) const { return tie() < O.tie(); }
+  bool operator==(const PathState &O) const { return tie() == O.tie(); }
+};
+
+/// The part of a state a summary depends on.
+struct EntryKey {
+  Life L;
+  bool Signaled, Waited;
+  bool operator<(const EntryKey &O) const {
+    return std::tie(L, Signaled, Waited) < std::tie(O.L, O.Signaled, O.Waited);
   }
 };
 
-bool holds(Life L) {
-  return L == Life::Live || L == Life::Exposed || L == Life::InvalPosted ||
-         L == Life::Invalidated;
+EntryKey keyOf(const PathState &S) { return {S.L, S.Signaled, S.Waited}; }
+
+PathState entryState(EntryKey K) {
+  PathState S;
+  S.L = K.L;
+  S.Signaled = K.Signaled;
+  S.Waited = K.Waited;
+  S.Produced = S.Exposed = S.Inval = &EntryMarker;
+  return S;
 }
+
+/// Replaces the entry markers of a summary's pointers by the caller's.
+template <typename T> T bind(T Callee, T Caller, T Marker) {
+  return Callee == Marker ? Caller : Callee;
+}
+
+/// What a walk does at the function's exits.
+enum class Mode {
+  Summary, // a helper seen from its caller: leaks of shared slots wait
+  Commit,  // a root, or a function's own locals: incidents are real
+};
 
 } // namespace
 
-/// Walks one function for one slot and records incidents.
-class SlotSolver {
+class LifeSolver {
 public:
-  SlotSolver(Lifecycle &LC, const TuAnalysis &A, const FunctionDecl *Fn,
-             const SlotKey &Slot)
-      : LC(LC), A(A), Fn(Fn), Slot(Slot), Local(Slot.isLocal()) {}
+  explicit LifeSolver(Lifecycle &LC) : LC(LC), A(LC.A) { index(); }
 
   void run() {
+    for (const FunctionDecl *Fn : A.functions())
+      solveOwnSlots(Fn);
+    for (const SlotKey &Slot : SharedSlots)
+      solveShared(Slot);
+    for (const FunctionDecl *Fn : Roots)
+      for (const SlotKey &Slot : ParamSlots[Fn])
+        commit(summary(Fn, Slot, entryState({Life::Unknown, true, false}), 0),
+               entryState({Life::Unknown, true, false}), nullptr);
+  }
+
+private:
+  struct Exit {
+    PathState S;
+    bool Error = false;
+  };
+  struct Result {
+    std::vector<Exit> Exits;
+    std::vector<LifeIncident> Incidents;
+  };
+
+  //===-- Indexes ---------------------------------------------------------===//
+
+  void index() {
+    for (const LifeEvent &E : LC.Events) {
+      if (E.K == LifeEventKind::Call) {
+        Callees[E.Fn].push_back(&E);
+        continue;
+      }
+      if (!E.Slot.valid())
+        continue;
+      if (E.Slot.isShared())
+        SharedSlots.insert(E.Slot);
+      else if (isParamSlot(E.Slot))
+        ParamSlots[E.Fn].insert(E.Slot);
+      else
+        OwnSlots[E.Fn].insert(E.Slot);
+      Touches[E.Fn].insert(E.Slot);
+    }
+    for (const FunctionDecl *Fn : A.functions()) {
+      bool Called = llvm::any_of(A.callersOf(Fn), [&](const auto &C) {
+        return C.second != Fn;
+      });
+      if (!Called)
+        Roots.push_back(Fn);
+    }
+    findInvalidationCallbacks();
+  }
+
+  static bool isParamSlot(const SlotKey &S) {
+    return S.isLocal() && isa_and_nonnull<ParmVarDecl>(S.variable());
+  }
+
+  /// Shared slots \p Fn or a helper it calls has events for.
+  const std::set<SlotKey> &sharedTouched(const FunctionDecl *Fn) {
+    auto [It, New] = SharedTouched.try_emplace(Fn);
+    if (!New)
+      return It->second;
+    std::set<SlotKey> Out;
+    std::vector<const FunctionDecl *> Work = {Fn};
+    std::set<const FunctionDecl *> Seen = {Fn};
+    while (!Work.empty()) {
+      const FunctionDecl *F = Work.back();
+      Work.pop_back();
+      for (const SlotKey &S : Touches[F])
+        if (S.isShared())
+          Out.insert(S);
+      for (const LifeEvent *C : Callees[F])
+        if (Seen.insert(C->Callee).second)
+          Work.push_back(C->Callee);
+    }
+    return SharedTouched[Fn] = std::move(Out);
+  }
+
+  /// `req->inv_cqe.done = ulp_inv_done` where `inv_cqe` is the wr_cqe of a
+  /// LOCAL_INV: the callback runs once the invalidation completed.
+  void findInvalidationCallbacks() {
+    std::vector<const FieldStore *> Dones, WrCqes;
+    for (const FieldStore &S : A.stores()) {
+      if (S.Role == FieldRole::CqeDone)
+        Dones.push_back(&S);
+      else if (S.Role == FieldRole::WrCqe && S.Value)
+        WrCqes.push_back(&S);
+    }
+    for (const FieldStore *Done : Dones) {
+      const auto *DRE = dyn_cast_or_null<DeclRefExpr>(stripExpr(Done->Value));
+      const auto *Fn = DRE ? dyn_cast<FunctionDecl>(DRE->getDecl()) : nullptr;
+      if (!Fn || !(Fn = Fn->getDefinition()))
+        continue;
+      for (const FieldStore *Cqe : WrCqes) {
+        std::optional<Location> Target = locationOf(Cqe->Value);
+        if (!Target || !A.sameStorage(Done->Object, Done->Fn, *Target, Cqe->Fn))
+          continue;
+        if (invalidatesWr(*Cqe))
+          InvalidationCallbacks.insert(Fn);
+      }
+    }
+  }
+
+  /// Is the work request that \p WrCqe belongs to a LOCAL_INV?
+  bool invalidatesWr(const FieldStore &WrCqe) {
+    for (const FieldStore &Op : A.stores())
+      if (Op.Role == FieldRole::Opcode &&
+          A.sameStorage(Op.Object, Op.Fn, WrCqe.Object, WrCqe.Fn) &&
+          llvm::is_contained(opcodesOf(A, Op), Opcode::LocalInv))
+        return true;
+    return false;
+  }
+
+  //===-- Top level -------------------------------------------------------===//
+
+  void solveOwnSlots(const FunctionDecl *Fn) {
+    for (const SlotKey &Slot : OwnSlots[Fn]) {
+      PathState Start;
+      Start.L = Life::None;
+      Result R = walk(Fn, Slot, {Start}, 0, Mode::Commit);
+      commitIncidents(R.Incidents, nullptr);
+    }
+  }
+
+  /// Roots that touch \p Slot start from its resting states (the states
+  /// roots leave it in); their incidents are real.
+  void solveShared(const SlotKey &Slot) {
+    std::vector<const FunctionDecl *> Touching;
+    for (const FunctionDecl *Fn : Roots)
+      if (sharedTouched(Fn).count(Slot))
+        Touching.push_back(Fn);
+    std::vector<PathState> Resting = {entryState({Life::None, true, false})};
+    for (unsigned Round = 0; Round < budget::RestingRounds; ++Round) {
+      size_t Before = Resting.size();
+      for (const FunctionDecl *Fn : Touching) {
+        if (InvalidationCallbacks.count(Fn))
+          continue;
+        for (size_t I = 0; I < Resting.size() && I < budget::RestingStates; ++I) {
+          PathState Entry = Resting[I];
+          for (const Exit &X : summary(Fn, Slot, Entry, 0).Exits)
+            addResting(Resting, applied(X.S, Entry));
+        }
+      }
+      if (Resting.size() == Before)
+        break;
+    }
+    for (const FunctionDecl *Fn : Touching) {
+      if (InvalidationCallbacks.count(Fn)) {
+        PathState Done = entryState({Life::Invalidated, true, false});
+        commit(summary(Fn, Slot, Done, 0), Done, nullptr);
+        continue;
+      }
+      for (const PathState &Entry : Resting)
+        commit(summary(Fn, Slot, Entry, 0), Entry, nullptr);
+    }
+  }
+
+  /// A resting state: what a root leaves behind, without the root's own
+  /// path details.
+  static void addResting(std::vector<PathState> &Resting, PathState S) {
+    if (S.L == Life::Unknown || S.L == Life::Escaped ||
+        Resting.size() >= budget::RestingStates)
+      return;
+    PathState R = entryState({S.L, S.Signaled, false});
+    R.Exposed = S.L == Life::Exposed ? S.Exposed : &EntryMarker;
+    // A LOCAL_INV posted by an earlier activation has completed by the next.
+    if (R.L == Life::InvalPosted || R.L == Life::Claimed)
+      R.L = Life::Invalidated;
+    if (!llvm::is_contained(Resting, R))
+      Resting.push_back(R);
+  }
+
+  /// Incidents and leaking exits of a root's summary, made real.
+  void commit(const Result &R, const PathState &Entry, const Stmt *Via) {
+    for (const LifeIncident &I : R.Incidents)
+      commitIncident(boundIncident(I, Entry, Via));
+    for (const Exit &X : R.Exits)
+      if (X.Error && X.S.Pending)
+        commitIncident(boundIncident(*X.S.Pending, Entry, Via));
+  }
+
+  void commitIncidents(llvm::ArrayRef<LifeIncident> Incidents, const Stmt *Via) {
+    for (const LifeIncident &I : Incidents) {
+      LifeIncident J = I;
+      if (!J.Via)
+        J.Via = Via;
+      commitIncident(J);
+    }
+  }
+
+  void commitIncident(LifeIncident I) {
+    for (const LifeEvent **P : {&I.Produced, &I.Exposed, &I.Invalidation})
+      if (*P == &EntryMarker)
+        *P = nullptr;
+    for (const LifeIncident &O : LC.Incidents)
+      if (O.K == I.K && O.Slot == I.Slot && O.At == I.At && O.Exit == I.Exit)
+        return;
+    LC.Incidents.push_back(I);
+  }
+
+  static LifeIncident boundIncident(LifeIncident I, const PathState &Caller,
+                                    const Stmt *Via) {
+    I.Produced = bind(I.Produced, Caller.Produced, &EntryMarker);
+    I.Exposed = bind(I.Exposed, Caller.Exposed, &EntryMarker);
+    I.Invalidation = bind(I.Invalidation, Caller.Inval, &EntryMarker);
+    if (!I.Via)
+      I.Via = Via;
+    return I;
+  }
+
+  /// A summary's exit state seen from the caller whose state was \p Caller.
+  static PathState applied(PathState X, const PathState &Caller) {
+    X.Produced = bind(X.Produced, Caller.Produced, &EntryMarker);
+    X.Exposed = bind(X.Exposed, Caller.Exposed, &EntryMarker);
+    X.Inval = bind(X.Inval, Caller.Inval, &EntryMarker);
+    X.UndoExposed = Caller.Exposed;
+    X.ErrorBranch = Caller.ErrorBranch;
+    X.Mismatch = X.Mismatch ? X.Mismatch : Caller.Mismatch;
+    X.Pending = X.Pending ? X.Pending : Caller.Pending;
+    return X;
+  }
+
+  //===-- Summaries ---------------------------------------------------------===//
+
+  const Result &summary(const FunctionDecl *Fn, const SlotKey &Slot,
+                        const PathState &From, unsigned Depth) {
+    auto Key = std::make_tuple(Fn, Slot, keyOf(From));
+    auto It = Memo.find(Key);
+    if (It != Memo.end())
+      return It->second;
+    Result R = walk(Fn, Slot, {entryState(keyOf(From))}, Depth, Mode::Summary);
+    return Memo[Key] = std::move(R);
+  }
+
+  /// The slot a caller's \p Slot is inside \p Callee at \p CE: the
+  /// parameter that receives it (or the struct holding it), the same slot
+  /// when it is shared, nothing when the callee cannot name it.
+  std::optional<SlotKey> calleeSlot(const FunctionDecl *Fn, const SlotKey &Slot,
+                                    const CallExpr *CE, const FunctionDecl *Callee) {
+    for (unsigned I = 0; I < CE->getNumArgs() && I < Callee->getNumParams(); ++I) {
+      std::optional<Location> Arg = locationOf(CE->getArg(I));
+      if (!Arg)
+        continue;
+      SlotKey ArgSlot = slotOf(A, *Arg, Fn);
+      if (!Slot.isWithin(ArgSlot))
+        continue;
+      Location Inside;
+      Inside.Root = Callee->getParamDecl(I);
+      llvm::ArrayRef<Location::Step> Path = Slot.path();
+      Inside.Steps.append(Path.begin() + ArgSlot.path().size(), Path.end());
+      return SlotKey::of(Inside, Callee);
+    }
+    if (Slot.isShared())
+      return Slot;
+    return std::nullopt;
+  }
+
+  //===-- One walk ----------------------------------------------------------===//
+
+  struct Walk {
+    const FunctionDecl *Fn;
+    SlotKey Slot;
+    bool Own;   // a local of Fn: Fn alone decides its fate
+    bool Param; // Fn's parameter: the caller's handle
+    Mode M;
+    unsigned Depth;
+    Result R;
+    std::map<const LifeEvent *, std::pair<bool, std::optional<PathState>>> Releases;
+  };
+
+  Result walk(const FunctionDecl *Fn, const SlotKey &Slot,
+              std::vector<PathState> Entries, unsigned Depth, Mode M) {
+    Walk W{Fn, Slot, Slot.isLocal() && !isParamSlot(Slot), isParamSlot(Slot), M,
+           Depth, {}, {}};
     const CFG *G = A.flow(Fn).cfg();
     if (!G)
-      return;
+      return W.R;
+    Active.insert(Fn);
     std::map<unsigned, std::set<PathState>> In;
-    PathState Start;
-    Start.L = Local ? Life::None : Life::Unknown;
-    In[G->getEntry().getBlockID()].insert(Start);
+    In[G->getEntry().getBlockID()].insert(Entries.begin(), Entries.end());
     std::vector<const CFGBlock *> Work = {&G->getEntry()};
     unsigned Steps = 0;
+    bool Truncated = false;
     while (!Work.empty() && ++Steps < budget::SolverSteps) {
       const CFGBlock *B = Work.back();
       Work.pop_back();
-      std::set<PathState> States = In[B->getBlockID()];
-      std::set<PathState> Out;
-      for (PathState S : States)
-        if (block(*B, S))
-          Out.insert(S);
-      unsigned SuccIndex = 0;
+      std::vector<PathState> Out;
+      for (const PathState &S : In[B->getBlockID()])
+        block(W, *B, S, Out);
+      if (B == &G->getExit())
+        for (const PathState &S : In[B->getBlockID()])
+          exit(W, nullptr, S);
+      unsigned Index = 0;
       for (const auto &Succ : B->succs()) {
         const CFGBlock *SB = Succ.getReachableBlock();
-        unsigned Index = SuccIndex++;
+        unsigned ThisIndex = Index++;
         if (!SB)
           continue;
         std::set<PathState> &Target = In[SB->getBlockID()];
         size_t Before = Target.size();
         for (PathState S : Out) {
-          edge(*B, Index, *SB, S);
+          if (!edge(W, *B, ThisIndex, *SB, S))
+            continue;
           if (Target.size() < budget::StatesPerBlock)
             Target.insert(S);
           else if (!Target.count(S))
-            Truncated = true; // a path state dropped: findings may be missing
+            Truncated = true;
         }
         if (Target.size() != Before)
           Work.push_back(SB);
       }
-      if (B == &G->getExit())
-        for (const PathState &S : States)
-          exit(nullptr, S);
     }
-    if (!Work.empty())
-      Truncated = true; // out of steps before the walk converged
-    if (Truncated)
+    if (!Work.empty() || Truncated)
       LC.Incomplete.insert(Fn);
-    flushReleases();
+    Active.erase(Fn);
+    flushReleases(W);
+    return std::move(W.R);
   }
 
-private:
-  /// Applies a block's events; false when the path ends in it.
-  bool block(const CFGBlock &B, PathState &S) {
+  /// Runs one state through a block; the states that leave it go to \p Out.
+  void block(Walk &W, const CFGBlock &B, const PathState &Start,
+             std::vector<PathState> &Out) {
+    std::vector<PathState> States = {Start};
     for (const CFGElement &El : B) {
       auto CS = El.getAs<CFGStmt>();
       if (!CS)
@@ -121,39 +452,64 @@ private:
       const Stmt *St = CS->getStmt();
       auto It = LC.AtStmt.find(St);
       if (It != LC.AtStmt.end())
-        for (size_t I : It->second)
-          apply(LC.Events[I], S);
+        for (size_t I : It->second) {
+          const LifeEvent &E = LC.Events[I];
+          if (E.Fn != W.Fn)
+            continue;
+          std::vector<PathState> Next;
+          for (PathState &S : States) {
+            if (E.K == LifeEventKind::Call)
+              call(W, E, S, Next);
+            else {
+              apply(W, E, S);
+              Next.push_back(S);
+            }
+          }
+          States = dedup(std::move(Next));
+        }
       if (const auto *RS = dyn_cast<ReturnStmt>(St)) {
-        exit(RS, S);
-        return false;
+        for (const PathState &S : States)
+          exit(W, RS, S);
+        return;
       }
     }
-    return true;
+    if (const Stmt *Loop = B.getTerminatorStmt())
+      for (PathState &S : States)
+        loopReleases(W, Loop, S);
+    Out.insert(Out.end(), States.begin(), States.end());
   }
 
-  void apply(const LifeEvent &E, PathState &S) {
+  static std::vector<PathState> dedup(std::vector<PathState> V) {
+    llvm::sort(V);
+    V.erase(std::unique(V.begin(), V.end()), V.end());
+    return V;
+  }
+
+  void apply(Walk &W, const LifeEvent &E, PathState &S) {
     if (E.K == LifeEventKind::Wait) {
       S.Waited = true;
       return;
     }
-    if (E.Slot != Slot)
+    if (E.Slot != W.Slot)
       return;
     switch (E.K) {
     case LifeEventKind::Produce:
-      if (holds(S.L) && S.Produced && E.Stable && S.Produced->Stable)
-        incident(LifeIncident::LeakOverwrite, &E, S);
-      S = PathState{Life::Live, &E, nullptr, nullptr, nullptr, S.ErrorBranch, false};
+      if (holds(S.L) && ownProduced(S) && E.Stable && S.Produced->Stable)
+        incident(W, LifeIncident::LeakOverwrite, &E, S);
+      S = PathState();
+      S.L = Life::Live;
+      S.Produced = &E;
       break;
     case LifeEventKind::Expose:
+      remember(S, E);
       S.L = Life::Exposed;
       S.Exposed = &E;
-      S.ExposedBy = E.S;
-      break;
-    case LifeEventKind::Rotate:
       break;
     case LifeEventKind::InvalidatePost:
+      remember(S, E);
       S.L = Life::InvalPosted;
       S.Inval = &E;
+      S.Signaled = E.Signaled;
       S.Waited = false;
       break;
     case LifeEventKind::InvalidateRemote:
@@ -161,199 +517,377 @@ private:
       break;
     case LifeEventKind::Deregister:
       S.L = Life::Released;
+      S.Pending = nullptr;
       break;
     case LifeEventKind::Release:
     case LifeEventKind::BufferRelease:
     case LifeEventKind::ContainerRelease:
-      release(E, S);
+      release(W, E, S);
       break;
     case LifeEventKind::Clear:
     case LifeEventKind::Overwrite:
-      if (holds(S.L) && S.Produced && S.Produced->Stable &&
+      if (holds(S.L) && ownProduced(S) && S.Produced->Stable &&
           (E.K == LifeEventKind::Clear || E.Stable))
-        incident(LifeIncident::LeakOverwrite, &E, S);
+        incident(W, LifeIncident::LeakOverwrite, &E, S);
       S.L = E.K == LifeEventKind::Clear ? Life::None : Life::Unknown;
       S.Produced = nullptr;
+      S.Pending = nullptr;
       break;
     case LifeEventKind::Escape:
       S.L = Life::Escaped;
+      S.Pending = nullptr;
       break;
+    case LifeEventKind::Rotate:
     case LifeEventKind::Wait:
+    case LifeEventKind::Call:
       break;
     }
   }
 
-  void release(const LifeEvent &E, PathState &S) {
-    ReleaseSeen &Seen = Releases[&E];
-    if (S.L != Life::None && S.L != Life::Released && S.L != Life::Escaped)
+  /// A post's effect is undone on the branch that finds the post failed.
+  static void remember(PathState &S, const LifeEvent &E) {
+    if (!E.Post)
+      return;
+    S.Tag = E.Post;
+    S.Outcome = 0;
+    S.Undo = S.L;
+    S.UndoExposed = S.Exposed;
+  }
+
+  /// The handle was produced on this walk's path (not before the function).
+  static bool ownProduced(const PathState &S) {
+    return S.Produced && S.Produced != &EntryMarker;
+  }
+
+  void release(Walk &W, const LifeEvent &E, PathState &S) {
+    auto &[Invalidated, Bare] = W.Releases[&E];
+    if (holds(S.L) || S.L == Life::Unknown)
       LC.Holding.insert(&E);
     switch (S.L) {
     case Life::Exposed:
-      incident(LifeIncident::ReleaseWhileExposed, &E, S);
+      incident(W, S.Mismatch ? LifeIncident::ReleaseAfterMismatch
+                             : LifeIncident::ReleaseWhileExposed,
+               &E, S);
       break;
     case Life::InvalPosted:
-      if (!S.Waited)
-        incident(LifeIncident::ReleaseBeforeInvalidated, &E, S);
-      Seen.Invalidated = true;
+      if (!S.Waited && S.Inval != &EntryMarker)
+        incident(W, LifeIncident::ReleaseBeforeInvalidated, &E, S);
+      Invalidated = true;
       break;
+    case Life::Claimed:
     case Life::Invalidated:
-      Seen.Invalidated = true;
+      Invalidated = true;
       break;
     case Life::Unknown:
-      if (!Seen.Bare)
-        Seen.Bare = S;
+      if (!Bare)
+        Bare = S;
       break;
     case Life::Live:
       // The holder of a live handle freed: the handle leaks with it.
-      if (E.K == LifeEventKind::ContainerRelease && S.Produced)
-        incident(LifeIncident::LeakOverwrite, &E, S);
+      if (E.K == LifeEventKind::ContainerRelease && ownProduced(S))
+        incident(W, LifeIncident::LeakOverwrite, &E, S);
       break;
     default:
       break;
     }
     // Unmapping the memory does not end the handle; the rest do.
-    if (E.K != LifeEventKind::BufferRelease)
+    if (E.K != LifeEventKind::BufferRelease) {
       S.L = Life::Released;
+      S.Pending = nullptr;
+    }
   }
 
   /// A release reached both with and without an invalidation on the way.
-  void flushReleases() {
-    for (const auto &[E, Seen] : Releases)
-      if (Seen.Invalidated && Seen.Bare)
-        incident(LifeIncident::ReleaseSkipsInvalidation, E, *Seen.Bare);
+  void flushReleases(Walk &W) {
+    for (const auto &[E, Seen] : W.Releases)
+      if (Seen.first && Seen.second)
+        incident(W, LifeIncident::ReleaseSkipsInvalidation, E, *Seen.second);
   }
 
-  void edge(const CFGBlock &From, unsigned Index, const CFGBlock &To,
+  /// An unwinding loop over an array of handles (`while (i--)
+  /// ibv_dereg_mr(mr[i])`) releases every element, however often it runs.
+  void loopReleases(Walk &W, const Stmt *Loop, PathState &S) {
+    if (!W.Slot.isElement() || !holds(S.L))
+      return;
+    if (!isa<ForStmt>(Loop) && !isa<WhileStmt>(Loop) && !isa<DoStmt>(Loop))
+      return;
+    if (const LifeEvent *E = releaseInLoop(W, Loop))
+      if (E->K == LifeEventKind::Deregister || E->K == LifeEventKind::Release ||
+          E->K == LifeEventKind::Call) {
+        S.L = Life::Released;
+        S.Pending = nullptr;
+      }
+  }
+
+  /// An event in \p Loop's body that releases the walk's slot.
+  const LifeEvent *releaseInLoop(Walk &W, const Stmt *Loop) {
+    auto Key = std::make_pair(Loop, W.Slot);
+    auto It = LoopRelease.find(Key);
+    if (It != LoopRelease.end())
+      return It->second;
+    const LifeEvent *Found = nullptr;
+    SourceRange Body = Loop->getSourceRange();
+    const SourceManager &SM = A.sources();
+    for (const LifeEvent &E : LC.Events) {
+      if (E.Fn != W.Fn || !E.S ||
+          !SM.isPointWithin(E.S->getBeginLoc(), Body.getBegin(), Body.getEnd()))
+        continue;
+      if ((E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release) &&
+          E.Slot == W.Slot)
+        Found = &E;
+      if (E.K == LifeEventKind::Call && callReleases(W, E))
+        Found = &E;
+    }
+    return LoopRelease[Key] = Found;
+  }
+
+  /// Does the helper call \p E release the walk's slot on every path?
+  bool callReleases(Walk &W, const LifeEvent &E) {
+    const auto *CE = cast<CallExpr>(E.S);
+    std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, CE, E.Callee);
+    if (!In || Active.count(E.Callee) || W.Depth >= budget::CallDepth)
+      return false;
+    const Result &R = summary(E.Callee, *In, entryState({Life::Live, true, false}),
+                              W.Depth + 1);
+    return !R.Exits.empty() && llvm::all_of(R.Exits, [](const Exit &X) {
+      return X.S.L == Life::Released;
+    });
+  }
+
+  /// Applies the helper's summary at its call.
+  void call(Walk &W, const LifeEvent &E, const PathState &S,
+            std::vector<PathState> &Out) {
+    const auto *CE = cast<CallExpr>(E.S);
+    std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, CE, E.Callee);
+    if (!In || Active.count(E.Callee)) {
+      Out.push_back(S); // the helper cannot name the slot, or recursion
+      return;
+    }
+    if (W.Depth >= budget::CallDepth) {
+      LC.Incomplete.insert(W.Fn);
+      Out.push_back(S);
+      return;
+    }
+    const Result &R = summary(E.Callee, *In, S, W.Depth + 1);
+    for (const LifeIncident &I : R.Incidents)
+      addIncident(W, boundIncident(I, S, CE));
+    bool Both = llvm::any_of(R.Exits, [](const Exit &X) { return X.Error; }) &&
+                llvm::any_of(R.Exits, [](const Exit &X) { return !X.Error; });
+    for (const Exit &X : R.Exits) {
+      PathState N = applied(X.S, S);
+      if (N.Pending && N.Pending != S.Pending)
+        N.Pending = latent(boundIncident(*N.Pending, S, CE));
+      if (Both) {
+        N.Tag = CE;
+        N.Outcome = X.Error ? 1 : -1;
+      } else {
+        N.Tag = S.Tag;
+        N.Outcome = S.Outcome;
+        N.Undo = S.Undo;
+        N.UndoExposed = S.UndoExposed;
+      }
+      Out.push_back(N);
+    }
+  }
+
+  //===-- Branches ----------------------------------------------------------===//
+
+  /// Follows a branch; false when this state cannot take it.
+  bool edge(Walk &W, const CFGBlock &From, unsigned Index, const CFGBlock &To,
             PathState &S) {
     const Stmt *Term = From.getTerminatorStmt();
-    const auto *If = dyn_cast_or_null<IfStmt>(Term);
-    const Expr *Cond = If ? If->getCond() : nullptr;
-    if (const auto *CO = dyn_cast_or_null<ConditionalOperator>(Term))
-      Cond = CO->getCond();
-    if (!Cond || From.succ_size() != 2)
-      return;
+    const Expr *Cond = From.succ_size() == 2 ? From.getLastCondition() : nullptr;
+    if (const auto *Switch = dyn_cast_or_null<SwitchStmt>(Term))
+      return switchEdge(W, Switch, To, S);
+    if (!Cond)
+      return true;
     bool Then = Index == 0;
-    if (auto Null = nullTest(Cond))
+    if (auto Null = nullTest(W, Cond))
       if (*Null == Then && S.L != Life::Escaped) {
         S.L = Life::None;
         S.Produced = nullptr;
+        S.Pending = nullptr;
       }
-    if (S.ExposedBy && failedCall(Cond, S.ExposedBy) == Then &&
-        S.L == Life::Exposed) {
-      // The post that would have exposed the key failed.
-      S.L = Life::Live;
-      S.Exposed = nullptr;
-      S.ExposedBy = nullptr;
-    }
-    if (If) {
-      // The branch that takes the peer's invalidation as done: the key is
-      // dead from here on, as far as this code is concerned.
-      for (const Lifecycle::RemoteInvalidation &R : LC.RemoteInvs)
-        if (R.If == If && R.AcceptThen == Then &&
-            (R.Slots.empty() || llvm::is_contained(R.Slots, Slot)) &&
-            S.L != Life::Escaped && S.L != Life::None && S.L != Life::Released)
-          S.L = Life::Invalidated;
+    if (S.Tag)
+      if (auto Failed = failedCall(W, Cond, S.Tag)) {
+        bool FailedHere = *Failed == Then;
+        if ((S.Outcome == 1 && !FailedHere) || (S.Outcome == -1 && FailedHere))
+          return false; // the helper's other outcome takes this branch
+        if (S.Outcome == 0 && FailedHere) {
+          S.L = S.Undo; // the post that changed the slot failed
+          S.Exposed = S.UndoExposed;
+        }
+        S.Outcome = FailedHere ? 1 : -1;
+      }
+    if (const auto *If = dyn_cast_or_null<IfStmt>(Term)) {
+      acceptRemoteInvalidation(W, If, Then, S);
       if (Then && exitsEarly(To))
         S.ErrorBranch = If;
     }
+    compareKeys(W, Cond, Term, Then, S);
+    return true;
   }
 
-  /// For a null test of this slot's handle: true when the then-branch is
-  /// the null side, false when the else-branch is. Looks through !, !!,
-  /// likely()/unlikely(), WARN_ON_ONCE's statement expression and the
-  /// boolean locals such macros compute.
-  std::optional<bool> nullTest(const Expr *Cond, unsigned Depth = 0) {
-    Cond = stripExpr(Cond);
+  /// `switch (wc->opcode) { case IB_WC_LOCAL_INV: ... }`: the invalidation
+  /// of the request's key completed in that case.
+  bool switchEdge(Walk &W, const SwitchStmt *Switch, const CFGBlock &To,
+                  PathState &S) {
+    const auto *Case = dyn_cast_or_null<CaseStmt>(To.getLabel());
+    if (Case && holds(S.L) && completionOpcode(W, Switch->getCond(), Case->getLHS()) ==
+                                  Opcode::LocalInv)
+      S.L = Life::Invalidated;
+    return true;
+  }
+
+  /// The completion opcode \p Value names when \p Subject reads one.
+  std::optional<Opcode> completionOpcode(Walk &W, const Expr *Subject,
+                                         const Expr *Value) {
+    if (!Fields.isCompletionOpcode(W.Fn, Subject))
+      return std::nullopt;
+    const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(Value));
+    if (!DRE)
+      return std::nullopt;
+    return A.rules().completionOpcodeOf(DRE->getDecl()->getName());
+  }
+
+  /// The accepting branch of a WITH_INVALIDATE test.
+  void acceptRemoteInvalidation(Walk &W, const IfStmt *If, bool Then,
+                                PathState &S) {
+    for (const Lifecycle::RemoteInvalidation &R : LC.RemoteInvs) {
+      if (R.If != If || R.AcceptThen != Then || !holds(S.L))
+        continue;
+      if (!R.Checked) {
+        S.L = Life::Invalidated; // trusted (rdma-remote-invalidate-unchecked)
+        continue;
+      }
+      if (R.Slots.empty() || llvm::is_contained(R.Slots, W.Slot))
+        if (S.L == Life::Exposed || S.L == Life::Live)
+          S.L = Life::Claimed;
+    }
+  }
+
+  /// `wc->ex.invalidate_rkey != req->mr->rkey`: the claim holds on one
+  /// branch and is false on the other.
+  void compareKeys(Walk &W, const Expr *Cond, const Stmt *Term, bool Then,
+                   PathState &S) {
+    bool Negated = false;
+    Cond = stripNegation(Cond, Negated);
+    auto It = LC.KeyCompares.find(Cond);
+    if (It == LC.KeyCompares.end() || It->second.Slot != W.Slot)
+      return;
+    bool Match = (It->second.EqualWhenTrue != Negated) == Then;
+    if (Match && (S.L == Life::Claimed || S.L == Life::Exposed))
+      S.L = Life::Invalidated;
+    else if (!Match && S.L == Life::Claimed) {
+      S.L = Life::Exposed;
+      S.Mismatch = Term;
+    }
+  }
+
+  const Expr *stripNegation(const Expr *Cond, bool &Negated) {
+    for (;;) {
+      Cond = stripExpr(Cond);
+      if (const auto *UO = dyn_cast<UnaryOperator>(Cond);
+          UO && UO->getOpcode() == UO_LNot) {
+        Negated = !Negated;
+        Cond = UO->getSubExpr();
+        continue;
+      }
+      if (const auto *CE = dyn_cast<CallExpr>(Cond))
+        if (const FunctionDecl *F = CE->getDirectCallee();
+            F && F->getBuiltinID() && CE->getNumArgs() >= 1) {
+          Cond = CE->getArg(0); // __builtin_expect(!!(x), 0)
+          continue;
+        }
+      return Cond;
+    }
+  }
+
+  /// For a null test of the walk's handle: true when the then-branch is the
+  /// null side, false when the else-branch is.
+  std::optional<bool> nullTest(Walk &W, const Expr *Cond, unsigned Depth = 0) {
     if (!Cond || Depth > budget::NullTestDepth)
       return std::nullopt;
-    if (const auto *UO = dyn_cast<UnaryOperator>(Cond); UO && UO->getOpcode() == UO_LNot) {
-      auto Inner = nullTest(UO->getSubExpr(), Depth + 1);
-      return Inner ? std::optional<bool>(!*Inner) : std::nullopt;
-    }
+    bool Negated = false;
+    Cond = stripNegation(Cond, Negated);
+    auto Flip = [&](std::optional<bool> R) {
+      return R ? std::optional<bool>(*R != Negated) : std::nullopt;
+    };
     if (const auto *SE = dyn_cast<StmtExpr>(Cond)) {
       const CompoundStmt *CS = SE->getSubStmt();
       if (!CS->body_empty())
         if (const auto *Last = dyn_cast<Expr>(CS->body_back()))
-          return nullTest(Last, Depth + 1);
+          return Flip(nullTest(W, Last, Depth + 1));
       return std::nullopt;
     }
     if (const auto *CE = dyn_cast<CallExpr>(Cond)) {
-      const FunctionDecl *F = CE->getDirectCallee();
-      if (!F || CE->getNumArgs() < 1)
-        return std::nullopt;
-      if (F->getBuiltinID()) // __builtin_expect(x, 0)
-        return nullTest(CE->getArg(0), Depth + 1);
       const FunctionModel *M = A.modelOf(CE);
-      if (M && M->E == Effect::ErrorPointerTest) {
-        const Expr *Ptr = CE->getArg(M->arg(ArgRole::Ptr).value_or(0));
-        if (names(Ptr))
-          return true;
-      }
+      if (M && M->E == Effect::ErrorPointerTest)
+        if (std::optional<unsigned> P = M->arg(ArgRole::Ptr))
+          if (*P < CE->getNumArgs() && names(W, CE->getArg(*P)))
+            return Flip(true);
       return std::nullopt;
     }
     if (const auto *BO = dyn_cast<BinaryOperator>(Cond)) {
       if (!BO->isEqualityOp())
         return std::nullopt;
-      const Expr *Other = names(BO->getLHS()) ? BO->getRHS()
-                          : names(BO->getRHS()) ? BO->getLHS()
-                                                : nullptr;
+      const Expr *Other = names(W, BO->getLHS())   ? BO->getRHS()
+                          : names(W, BO->getRHS()) ? BO->getLHS()
+                                                   : nullptr;
       if (!Other || !Other->isNullPointerConstant(
                         const_cast<ASTContext &>(A.context()),
                         Expr::NPC_ValueDependentIsNotNull))
         return std::nullopt;
-      return BO->getOpcode() == BO_EQ;
+      return Flip(BO->getOpcode() == BO_EQ);
     }
-    if (names(Cond))
-      return false; // `if (mr)`: null on the else side
+    if (names(W, Cond))
+      return Flip(false); // `if (mr)`: null on the else side
     // `bool __ret = !!(!mr); if (unlikely(__ret))`
     if (auto L = locationOf(Cond); L && L->Steps.empty() &&
                                     !isHandleType(A, Cond->getType())) {
-      auto Defs = A.flow(Fn).reaching(*L, Cond);
+      auto Defs = A.flow(W.Fn).reaching(*L, Cond);
       if (Defs.size() == 1 && Defs[0] && Defs[0]->K == Def::Assign)
-        return nullTest(Defs[0]->Value, Depth + 1);
+        return Flip(nullTest(W, Defs[0]->Value, Depth + 1));
     }
     return std::nullopt;
   }
 
-  bool names(const Expr *E) {
+  bool names(Walk &W, const Expr *E) {
     auto L = locationOf(E);
     return L && isHandleType(A, stripExpr(E)->getType()) &&
-           slotOf(A, *L, Fn) == Slot;
+           slotOf(A, *L, W.Fn) == W.Slot;
   }
 
-  /// True when \p Cond holds when \p Call failed (`if (ret)` after
-  /// `ret = ib_post_send(...)`), false for the opposite test, nullopt when
-  /// unrelated.
-  std::optional<bool> failedCall(const Expr *Cond, const Stmt *Call) {
-    Cond = stripExpr(Cond);
+  /// True when \p Cond holds when \p Call failed (`if (ret)` after `ret =
+  /// ib_post_send(...)`, `if (!p)` after `p = helper()`), false for the
+  /// opposite test, nullopt when unrelated.
+  std::optional<bool> failedCall(Walk &W, const Expr *Cond, const Stmt *Call) {
     bool Negated = false;
-    while (true) {
-      if (const auto *UO = dyn_cast<UnaryOperator>(Cond);
-          UO && UO->getOpcode() == UO_LNot) {
-        Negated = !Negated;
-        Cond = stripExpr(UO->getSubExpr());
-        continue;
-      }
-      if (const auto *CE = dyn_cast<CallExpr>(Cond);
-          CE && CE != Call && CE->getNumArgs() >= 1 && CE->getDirectCallee() &&
-          CE->getDirectCallee()->getBuiltinID()) {
-        Cond = stripExpr(CE->getArg(0)); // __builtin_expect(!!(ret), 0)
-        continue;
-      }
-      break;
-    }
+    Cond = stripNegation(Cond, Negated);
+    bool Pointer = false;
     if (const auto *BO = dyn_cast<BinaryOperator>(Cond)) {
       if (BO->getOpcode() == BO_NE || BO->getOpcode() == BO_LT)
         Cond = stripExpr(BO->getLHS()); // ret != 0, ret < 0
-      else
+      else if (BO->getOpcode() == BO_EQ &&
+               BO->getRHS()->isNullPointerConstant(
+                   const_cast<ASTContext &>(A.context()),
+                   Expr::NPC_ValueDependentIsNotNull)) {
+        Cond = stripExpr(BO->getLHS()); // p == NULL
+        Negated = !Negated;
+      } else
         return std::nullopt;
     }
+    if (Cond->getType()->isPointerType() || Cond->getType()->isBooleanType())
+      Pointer = true; // a pointer or bool result is true on success
+    auto Result = [&](bool TrueMeansFailure) {
+      return std::optional<bool>(TrueMeansFailure != Negated);
+    };
     if (Cond == Call)
-      return !Negated;
+      return Result(!Pointer);
     if (auto L = locationOf(Cond))
-      for (const Def *D : A.flow(Fn).reaching(*L, Cond))
+      for (const Def *D : A.flow(W.Fn).reaching(*L, Cond))
         if (D && D->K == Def::Assign && stripExpr(D->Value) == Call)
-          return !Negated;
+          return Result(!Pointer);
     return std::nullopt;
   }
 
@@ -373,87 +907,118 @@ private:
     return false;
   }
 
-  /// A return of an error: a negative constant, `-err`, or any value on a
-  /// path through an early-exit branch.
-  bool errorReturn(const ReturnStmt *RS, const PathState &S) {
+  //===-- Exits -------------------------------------------------------------===//
+
+  /// A return of an error: a negative constant, `-err`, NULL, false, the
+  /// failed result of the tagged call, or any value on a path through an
+  /// early-exit branch.
+  bool errorReturn(Walk &W, const ReturnStmt *RS, const PathState &S) {
     if (!RS || !RS->getRetValue())
       return S.ErrorBranch != nullptr;
     const Expr *V = stripExpr(RS->getRetValue());
-    if (auto C = A.values(Fn).constant(V))
-      return *C < 0;
+    if (auto C = A.values(W.Fn).constant(V))
+      return V->getType()->isBooleanType() ? *C == 0 : *C < 0;
     if (const auto *UO = dyn_cast<UnaryOperator>(V))
       if (UO->getOpcode() == UO_Minus)
         return true;
     if (V->isNullPointerConstant(const_cast<ASTContext &>(A.context()),
                                  Expr::NPC_ValueDependentIsNotNull))
       return true;
+    if (S.Tag && S.Outcome != 0)
+      if (failedCall(W, V, S.Tag))
+        return S.Outcome == 1;
     return S.ErrorBranch != nullptr;
   }
 
-  void exit(const ReturnStmt *RS, const PathState &S) {
-    if (!holds(S.L) || !S.Produced)
+  void exit(Walk &W, const ReturnStmt *RS, const PathState &S) {
+    bool Error = errorReturn(W, RS, S);
+    if (W.M == Mode::Summary) {
+      Exit X{S, Error};
+      X.S.ErrorBranch = nullptr;
+      // A handle this helper produced and still holds on an error return:
+      // its caller may release it; if not, the helper leaked it.
+      if (Error && W.Slot.isShared() && holds(S.L) && ownProduced(S) &&
+          !S.Pending)
+        X.S.Pending = latent(leak(W, RS, S));
+      if (!llvm::any_of(W.R.Exits, [&](const Exit &O) {
+            return O.Error == X.Error && O.S == X.S;
+          }))
+        W.R.Exits.push_back(X);
       return;
-    // A field keeps its handle for later; only an error return abandons it.
-    if (!Local && !errorReturn(RS, S))
+    }
+    if (!holds(S.L) || W.Param)
       return;
-    LifeIncident I;
-    I.K = LifeIncident::LeakAtReturn;
-    I.Slot = Slot;
-    I.Fn = Fn;
-    I.Exit = RS;
-    I.Produced = S.Produced;
-    I.ErrorBranch = S.ErrorBranch;
-    I.Local = Local;
-    add(I);
+    if (W.Own) {
+      if (ownProduced(S))
+        addIncident(W, leak(W, RS, S));
+      return;
+    }
+    // A shared slot keeps its handle for later; only an error return
+    // abandons it.
+    if (Error && (S.Pending || ownProduced(S)))
+      addIncident(W, S.Pending ? *S.Pending : leak(W, RS, S));
   }
 
-  void incident(LifeIncident::Kind K, const LifeEvent *At, const PathState &S) {
+  LifeIncident leak(Walk &W, const ReturnStmt *RS, const PathState &S) {
+    LifeIncident I;
+    I.K = LifeIncident::LeakAtReturn;
+    I.Slot = W.Slot;
+    I.Fn = W.Fn;
+    I.Exit = RS ? static_cast<const Stmt *>(RS) : W.Fn->getBody();
+    I.Produced = S.Produced;
+    I.ErrorBranch = S.ErrorBranch;
+    I.Local = W.Own;
+    return I;
+  }
+
+  const LifeIncident *latent(const LifeIncident &I) {
+    Latent.push_back(I);
+    return &Latent.back();
+  }
+
+  void incident(Walk &W, LifeIncident::Kind K, const LifeEvent *At,
+                const PathState &S) {
     LifeIncident I;
     I.K = K;
-    I.Slot = Slot;
-    I.Fn = Fn;
+    I.Slot = W.Slot;
+    I.Fn = W.Fn;
     I.At = At;
     I.Produced = S.Produced;
     I.Exposed = S.Exposed;
     I.Invalidation = S.Inval;
     I.ErrorBranch = S.ErrorBranch;
-    I.Local = Local;
-    add(I);
+    I.Local = W.Own;
+    I.Mismatch = S.Mismatch;
+    addIncident(W, I);
   }
 
-  void add(const LifeIncident &I) {
-    for (const LifeIncident &O : LC.Incidents)
+  void addIncident(Walk &W, const LifeIncident &I) {
+    for (const LifeIncident &O : W.R.Incidents)
       if (O.K == I.K && O.Slot == I.Slot && O.At == I.At && O.Exit == I.Exit)
         return;
-    LC.Incidents.push_back(I);
+    W.R.Incidents.push_back(I);
   }
-
-  struct ReleaseSeen {
-    bool Invalidated = false;
-    std::optional<PathState> Bare;
-  };
 
   Lifecycle &LC;
   const TuAnalysis &A;
-  const FunctionDecl *Fn;
-  SlotKey Slot;
-  bool Local;
-  bool Truncated = false;
-  std::map<const LifeEvent *, ReleaseSeen> Releases;
+  CompletionFields Fields{A};
+  std::set<SlotKey> SharedSlots;
+  std::map<const FunctionDecl *, std::set<SlotKey>> OwnSlots, ParamSlots, Touches,
+      SharedTouched;
+  std::map<const FunctionDecl *, std::vector<const LifeEvent *>> Callees;
+  std::vector<const FunctionDecl *> Roots;
+  std::set<const FunctionDecl *> InvalidationCallbacks;
+  std::set<const FunctionDecl *> Active;
+  std::map<std::tuple<const FunctionDecl *, SlotKey, EntryKey>, Result> Memo;
+  std::map<std::pair<const Stmt *, SlotKey>, const LifeEvent *> LoopRelease;
+  std::deque<LifeIncident> Latent;
 };
 
 //===-- Lifecycle ---------------------------------------------------------===//
 
 Lifecycle::Lifecycle(const TuAnalysis &A) : A(A) {
   extractEvents(*this);
-  // Solve each function for the slots it touches.
-  std::map<const FunctionDecl *, std::set<SlotKey>> Touched;
-  for (const LifeEvent &E : Events)
-    if (E.Slot.valid())
-      Touched[E.Fn].insert(E.Slot);
-  for (const auto &[Fn, Slots] : Touched)
-    for (const SlotKey &Slot : Slots)
-      SlotSolver(*this, A, Fn, Slot).run();
+  LifeSolver(*this).run();
   exportFacts();
   reportIncomplete();
 }
@@ -488,28 +1053,29 @@ const LifeEvent *Lifecycle::first(const SlotKey &Slot, LifeEventKind K) const {
 }
 
 void Lifecycle::exportFacts() const {
+  const Program &P = Program::of(A);
   for (const LifeEvent &E : Events) {
     if (!E.Slot.isShared())
       continue;
     switch (E.K) {
     case LifeEventKind::Expose:
-      Program::of(A).exportFact(fact(FactKind::Exposes, E.Slot));
+      P.exportFact(fact(FactKind::Exposes, E.Slot));
       break;
     case LifeEventKind::InvalidatePost:
     case LifeEventKind::InvalidateRemote:
-      Program::of(A).exportFact(fact(FactKind::Invalidates, E.Slot));
+      P.exportFact(fact(FactKind::Invalidates, E.Slot));
       break;
     case LifeEventKind::Deregister:
-      Program::of(A).exportFact(fact(FactKind::Deregisters, E.Slot));
-      Program::of(A).exportFact(fact(FactKind::Releases, E.Slot));
+      P.exportFact(fact(FactKind::Deregisters, E.Slot));
+      P.exportFact(fact(FactKind::Releases, E.Slot));
       break;
     case LifeEventKind::Release:
     case LifeEventKind::ContainerRelease:
     case LifeEventKind::Escape:
-      Program::of(A).exportFact(fact(FactKind::Releases, E.Slot));
+      P.exportFact(fact(FactKind::Releases, E.Slot));
       break;
     case LifeEventKind::Rotate:
-      Program::of(A).exportFact(fact(FactKind::Rotates, E.Slot));
+      P.exportFact(fact(FactKind::Rotates, E.Slot));
       break;
     default:
       break;
@@ -517,7 +1083,7 @@ void Lifecycle::exportFacts() const {
   }
   for (const RemoteInvalidation &R : RemoteInvs)
     for (const SlotKey &Slot : R.Slots)
-      Program::of(A).exportFact(fact(FactKind::Invalidates, Slot));
+      P.exportFact(fact(FactKind::Invalidates, Slot));
 }
 
 } // namespace ulplint

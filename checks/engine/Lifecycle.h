@@ -43,6 +43,7 @@ enum class LifeEventKind {
   Overwrite,        // the handle is overwritten
   Escape,           // the handle goes to code the analysis cannot see
   Wait,             // the function waits for a completion
+  Call,             // a helper of this unit runs: its summary applies
 };
 
 struct LifeEvent {
@@ -59,6 +60,10 @@ struct LifeEvent {
   bool Window = false;     // the handle is a memory window
   std::string What;        // API in messages: "ib_mr_pool_put", "kfree"
   const clang::Stmt *Via = nullptr; // a helper call the event comes from
+  const clang::FunctionDecl *Callee = nullptr; // Call: the helper
+  /// Expose / InvalidatePost from a post: the post call, whose failure
+  /// undoes the event on the branch that tests it.
+  const clang::Stmt *Post = nullptr;
 };
 
 /// Something the solver found on a path.
@@ -69,6 +74,7 @@ struct LifeIncident {
     ReleaseBeforeInvalidated, // right after an unawaited LOCAL_INV
     LeakAtReturn,          // a produced handle still held when the function returns
     LeakOverwrite,         // a held handle overwritten or its holder freed
+    ReleaseAfterMismatch,  // released after a remote invalidation of another key
   };
   Kind K;
   SlotKey Slot;
@@ -80,6 +86,11 @@ struct LifeIncident {
   const LifeEvent *Invalidation = nullptr;
   const clang::Stmt *ErrorBranch = nullptr; // the early-exit branch taken
   bool Local = false;                       // the handle is a local variable
+  /// ReleaseAfterMismatch: the branch where the invalidated rkey was found
+  /// to be another key.
+  const clang::Stmt *Mismatch = nullptr;
+  /// The call through which a root reached this incident in a helper.
+  const clang::Stmt *Via = nullptr;
 };
 
 class Lifecycle {
@@ -122,18 +133,27 @@ public:
     bool AcceptThen = true;             // the accepting branch
     std::vector<SlotKey> Slots;         // slots whose key it compares
     bool Checked = false;               // it compares the invalidated rkey
+    /// Unchecked here, but passed to this function of another unit, which
+    /// may compare it (compares-invalidated-key:<name>).
+    std::string External;
     const clang::FunctionDecl *Fn = nullptr;
   };
   llvm::ArrayRef<RemoteInvalidation> remoteInvalidations() const {
     return RemoteInvs;
   }
+  /// An equality test of an invalidated rkey against an MR's key.
+  struct KeyCompare {
+    SlotKey Slot;
+    bool EqualWhenTrue = true; // `==`: the keys match when the test holds
+  };
 
 private:
   std::vector<RemoteInvalidation> RemoteInvs;
+  std::map<const clang::Expr *, KeyCompare> KeyCompares;
   std::set<const LifeEvent *> Holding;
   llvm::SetVector<const clang::FunctionDecl *> Incomplete;
   friend class LifecycleBuilder;
-  friend class SlotSolver;
+  friend class LifeSolver;
   friend void extractEvents(Lifecycle &L);
 };
 

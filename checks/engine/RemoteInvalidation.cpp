@@ -1,8 +1,10 @@
 //===- RemoteInvalidation.cpp - Completions that report a peer's LOCAL_INV -===//
 //
 // The second part of the lifecycle model: branches that take a completion
-// with WITH_INVALIDATE as the end of an MR's key, and whether they compare
-// the invalidated rkey with the request's before believing it.
+// with WITH_INVALIDATE as the end of an MR's key, and the equality tests of
+// the invalidated rkey against an MR's key that decide whether the peer
+// invalidated the right one. Only such a test checks the claim; passing the
+// key to a logger does not.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,112 +17,198 @@ namespace ulplint {
 
 namespace {
 
+/// Strips `!!`, likely()/unlikely() and parens; counts the negations.
+const Expr *stripTest(const TuAnalysis &A, const Expr *Cond, bool &Negated) {
+  for (;;) {
+    Cond = stripExpr(Cond);
+    if (const auto *UO = dyn_cast<UnaryOperator>(Cond);
+        UO && UO->getOpcode() == UO_LNot) {
+      Negated = !Negated;
+      Cond = UO->getSubExpr();
+      continue;
+    }
+    if (const auto *CE = dyn_cast<CallExpr>(Cond))
+      if (CE->getNumArgs() >= 1 && !A.modelOf(CE))
+        if (const FunctionDecl *F = CE->getDirectCallee(); F && F->getBuiltinID()) {
+          Cond = CE->getArg(0); // __builtin_expect(!!(x), 0)
+          continue;
+        }
+    return Cond;
+  }
+}
+
 /// `flags & WITH_INV`: +1 when the condition holds on remote invalidation,
-/// -1 when it holds without it, 0 when it does not test it.
+/// -1 when it holds without it, 0 when it does not test it. Follows a local
+/// boolean computed from such a test (`bool inv = flags & WITH_INV`).
 int invalidationTest(const TuAnalysis &A, const CompletionFields &CF,
-                     const FunctionDecl *Fn, const Expr *Cond) {
-  Cond = stripExpr(Cond);
-  if (const auto *UO = dyn_cast<UnaryOperator>(Cond))
-    if (UO->getOpcode() == UO_LNot)
-      return -invalidationTest(A, CF, Fn, UO->getSubExpr());
-  if (const auto *CE = dyn_cast<CallExpr>(Cond)) // likely()/unlikely()
-    if (CE->getNumArgs() == 1 && !A.modelOf(CE))
-      if (const FunctionDecl *F = CE->getDirectCallee())
-        if (F->getBuiltinID())
-          return invalidationTest(A, CF, Fn, CE->getArg(0));
-  const auto *BO = dyn_cast<BinaryOperator>(Cond);
-  if (!BO)
+                     const FunctionDecl *Fn, const Expr *Cond,
+                     unsigned Depth = 0) {
+  if (!Cond || Depth > budget::KeyCopyDepth)
     return 0;
-  if (BO->getOpcode() == BO_And) {
-    StringRef FlagText = A.flagName(Flag::WithInvalidate);
-    auto IsFlag = [&](const Expr *E) {
-      const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(E));
-      return DRE && DRE->getDecl()->getName() == FlagText;
-    };
-    auto IsFlags = [&](const Expr *E) { return CF.role(Fn, E) == FieldRole::WcFlags; };
-    if ((IsFlag(BO->getRHS()) && IsFlags(BO->getLHS())) ||
-        (IsFlag(BO->getLHS()) && IsFlags(BO->getRHS())))
-      return 1;
+  bool Negated = false;
+  Cond = stripTest(A, Cond, Negated);
+  int Sign = Negated ? -1 : 1;
+  if (const auto *BO = dyn_cast<BinaryOperator>(Cond)) {
+    switch (BO->getOpcode()) {
+    case BO_And: {
+      // The WITH_INVALIDATE bit only means something in completion flags:
+      // `x & IBV_WC_WITH_INV` tests them, wherever x was copied from.
+      StringRef FlagText = A.flagName(Flag::WithInvalidate);
+      auto IsFlag = [&](const Expr *E) {
+        const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(E));
+        return DRE && DRE->getDecl()->getName() == FlagText;
+      };
+      bool Tests = IsFlag(BO->getRHS()) || IsFlag(BO->getLHS());
+      return Tests ? Sign : 0;
+    }
+    case BO_NE:
+    case BO_EQ: {
+      // (flags & WITH_INV) != 0
+      int Inner = invalidationTest(A, CF, Fn, BO->getLHS(), Depth + 1);
+      return Sign * (BO->getOpcode() == BO_NE ? Inner : -Inner);
+    }
+    case BO_LAnd:
+    case BO_LOr: {
+      // `a && b` holds only if both do: one positive test makes the whole
+      // positive; `a || b` fails only if both fail: one negative test makes
+      // its else-branch a remote invalidation.
+      int L = invalidationTest(A, CF, Fn, BO->getLHS(), Depth + 1);
+      int R = invalidationTest(A, CF, Fn, BO->getRHS(), Depth + 1);
+      int Wanted = BO->getOpcode() == BO_LAnd ? 1 : -1;
+      return (L == Wanted || R == Wanted) ? Sign * Wanted : 0;
+    }
+    default:
+      return 0;
+    }
+  }
+  // `(flags & WITH_INV) ? false : true`
+  if (const auto *CO = dyn_cast<ConditionalOperator>(Cond)) {
+    auto T = A.values(Fn).constant(CO->getTrueExpr());
+    auto F = A.values(Fn).constant(CO->getFalseExpr());
+    if (T && F && (*T != 0) != (*F != 0))
+      return Sign * (*T ? 1 : -1) *
+             invalidationTest(A, CF, Fn, CO->getCond(), Depth + 1);
     return 0;
   }
-  if (BO->getOpcode() == BO_NE || BO->getOpcode() == BO_EQ) {
-    // (flags & WITH_INV) != 0
-    int Inner = invalidationTest(A, CF, Fn, BO->getLHS());
-    return BO->getOpcode() == BO_NE ? Inner : -Inner;
+  // `bool inv = wc->wc_flags & IB_WC_WITH_INVALIDATE; ... if (inv)`, and a
+  // field the unit sets from such a test (`ev->remote_inv = ...`).
+  if (auto L = locationOf(Cond)) {
+    if (L->Steps.empty()) {
+      auto Defs = A.flow(Fn).reaching(*L, Cond);
+      if (Defs.size() == 1 && Defs[0] && Defs[0]->K == Def::Assign &&
+          Defs[0]->Value)
+        return Sign * invalidationTest(A, CF, Fn, Defs[0]->Value, Depth + 1);
+      return 0;
+    }
+    SlotKey Field = slotOf(A, *L, Fn);
+    if (Field.isShared() && Depth == 0)
+      for (const FunctionDecl *Other : A.functions())
+        for (const Def &D : A.flow(Other).defs())
+          if (D.K == Def::Assign && D.Value && !D.Target.Steps.empty() &&
+              SlotKey::of(D.Target, Other) == Field)
+            if (int P = invalidationTest(A, CF, Other, D.Value, Depth + 1))
+              return Sign * P;
   }
   return 0;
 }
 
-/// Inside an accepting branch: comparisons of the invalidated rkey, and
-/// calls that receive it (they may compare it).
-class InvalidatedKeyUses : public RecursiveASTVisitor<InvalidatedKeyUses> {
+/// Reads of the invalidated rkey inside \p Fn: the completion's field, a
+/// copy of it, or a helper's parameter that receives one.
+class InvalidatedKeyReads {
 public:
-  InvalidatedKeyUses(const TuAnalysis &A, const CompletionFields &CF,
-                     const KeyTracker &Keys, const FunctionDecl *Fn,
-                     unsigned Depth = 0)
-      : A(A), CF(CF), Keys(Keys), Fn(Fn), Depth(Depth) {}
-
-  std::vector<SlotKey> Slots;
-  bool Checked = false;
-  /// Parameters of a helper that receive the invalidated key.
+  InvalidatedKeyReads(const TuAnalysis &A, const CompletionFields &CF,
+                      const FunctionDecl *Fn)
+      : A(A), CF(CF), Fn(Fn) {}
   std::set<const ValueDecl *> KeyParams;
 
-  bool VisitBinaryOperator(BinaryOperator *BO) {
-    if (!BO->isEqualityOp())
-      return true;
-    for (auto [Key, Other] : {std::pair{BO->getLHS(), BO->getRHS()},
-                              std::pair{BO->getRHS(), BO->getLHS()}})
-      if (readsInvalidatedKey(Key)) {
-        Checked = true;
-        if (auto Slot = Keys.keySlot(Fn, Other))
-          Slots.push_back(*Slot);
-      }
-    return true;
-  }
-  bool VisitCallExpr(CallExpr *CE) {
-    if (A.modelOf(CE))
-      return true;
-    // The key (or the completion holding it) goes to code that may compare
-    // it: frwr_reminv(rep, ...), iser_inv_desc(desc, rkey). A helper of this
-    // unit is looked into; code elsewhere gets the benefit of the doubt.
-    bool Passes = llvm::any_of(CE->arguments(), [&](const Expr *Arg) {
-      return readsInvalidatedKey(Arg) || carriesCompletion(Arg);
-    });
-    if (!Passes)
-      return true;
-    const FunctionDecl *Callee = CE->getDirectCallee();
-    const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
-    if (!Def || !llvm::is_contained(A.functions(), Def) ||
-        Depth > budget::InvalidatedKeyHelperDepth) {
-      Checked = true;
-      return true;
-    }
-    InvalidatedKeyUses Inner(A, CF, Keys, Def, Depth + 1);
-    for (unsigned I = 0; I < CE->getNumArgs() && I < Def->getNumParams(); ++I)
-      if (readsInvalidatedKey(CE->getArg(I)))
-        Inner.KeyParams.insert(Def->getParamDecl(I));
-    Inner.TraverseStmt(Def->getBody());
-    Checked |= Inner.Checked;
-    Slots.insert(Slots.end(), Inner.Slots.begin(), Inner.Slots.end());
-    return true;
-  }
-
-  bool readsInvalidatedKey(const Expr *E) {
+  bool reads(const Expr *E) const {
     if (CF.role(Fn, E) == FieldRole::InvalidatedRkey)
       return true;
     if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(E)))
       if (KeyParams.count(DRE->getDecl()))
         return true;
     // `u32 rkey = wc->ex.invalidate_rkey;` then `rkey != ...`
-    if (auto L = locationOf(E))
-      if (L->Steps.empty())
-        for (const Def *D : A.flow(Fn).reaching(*L, E))
-          if (D && D->K == Def::Assign && D->Value &&
-              CF.role(Fn, D->Value) == FieldRole::InvalidatedRkey)
-            return true;
+    if (auto L = locationOf(E); L && L->Steps.empty())
+      for (const Def *D : A.flow(Fn).reaching(*L, E))
+        if (D && D->K == Def::Assign && D->Value &&
+            (CF.role(Fn, D->Value) == FieldRole::InvalidatedRkey ||
+             reads(D->Value)))
+          return true;
     return false;
   }
 
+private:
+  const TuAnalysis &A;
+  const CompletionFields &CF;
+  const FunctionDecl *Fn;
+};
+
+/// Inside an accepting branch: equality tests of the invalidated rkey
+/// against a key, directly or in helpers of this unit that receive it, and
+/// functions of other units that receive it (they may test it there).
+class InvalidatedKeyUses : public RecursiveASTVisitor<InvalidatedKeyUses> {
+public:
+  InvalidatedKeyUses(const TuAnalysis &A, const CompletionFields &CF,
+                     const KeyTracker &Keys, const FunctionDecl *Fn,
+                     std::map<const Expr *, Lifecycle::KeyCompare> &Compares,
+                     unsigned Depth = 0)
+      : A(A), CF(CF), Keys(Keys), Fn(Fn), Reads(A, CF, Fn), Compares(Compares),
+        Depth(Depth) {}
+
+  std::vector<SlotKey> Slots;
+  bool Checked = false;
+  std::string External;
+
+  void keyParam(const ValueDecl *P) { Reads.KeyParams.insert(P); }
+
+  bool VisitBinaryOperator(BinaryOperator *BO) {
+    if (!BO->isEqualityOp())
+      return true;
+    for (auto [Key, Other] : {std::pair{BO->getLHS(), BO->getRHS()},
+                              std::pair{BO->getRHS(), BO->getLHS()}}) {
+      if (!Reads.reads(Key) || A.values(Fn).constant(Other))
+        continue; // `rkey != 0` tests nothing about whose key it is
+      Checked = true;
+      if (auto Slot = Keys.keySlot(Fn, Other)) {
+        Slots.push_back(*Slot);
+        Compares[BO] = {*Slot, BO->getOpcode() == BO_EQ};
+      }
+    }
+    return true;
+  }
+
+  bool VisitCallExpr(CallExpr *CE) {
+    if (A.modelOf(CE))
+      return true;
+    bool Passes = llvm::any_of(CE->arguments(), [&](const Expr *Arg) {
+      return Reads.reads(Arg) || carriesCompletion(Arg);
+    });
+    if (!Passes)
+      return true;
+    const FunctionDecl *Callee = CE->getDirectCallee();
+    const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
+    if (!Def || !llvm::is_contained(A.functions(), Def)) {
+      // Another unit may test it (xprtrdma's frwr_reminv): the finding then
+      // depends on that unit (compares-invalidated-key:<name>).
+      if (Callee && External.empty() && Callee->isExternallyVisible())
+        External = Callee->getName().str();
+      return true;
+    }
+    if (Depth > budget::InvalidatedKeyHelperDepth)
+      return true;
+    InvalidatedKeyUses Inner(A, CF, Keys, Def, Compares, Depth + 1);
+    for (unsigned I = 0; I < CE->getNumArgs() && I < Def->getNumParams(); ++I)
+      if (Reads.reads(CE->getArg(I)))
+        Inner.keyParam(Def->getParamDecl(I));
+    Inner.TraverseStmt(Def->getBody());
+    Checked |= Inner.Checked;
+    Slots.insert(Slots.end(), Inner.Slots.begin(), Inner.Slots.end());
+    if (External.empty())
+      External = Inner.External;
+    return true;
+  }
+
+private:
   bool carriesCompletion(const Expr *E) {
     const StructModel *S = A.structOf(stripExpr(E)->getType());
     return S && S->Role == StructRole::Wc;
@@ -130,14 +218,47 @@ public:
   const CompletionFields &CF;
   const KeyTracker &Keys;
   const FunctionDecl *Fn;
+  InvalidatedKeyReads Reads;
+  std::map<const Expr *, Lifecycle::KeyCompare> &Compares;
   unsigned Depth;
 };
+
+/// Does \p Fn test an MR's key for equality with a value its caller passes
+/// in (a parameter, or a field reached through one)? Such a function checks
+/// a remote invalidation for callers in other units.
+bool comparesParameterKey(const TuAnalysis &A, const KeyTracker &Keys,
+                          const FunctionDecl *Fn) {
+  struct Finder : RecursiveASTVisitor<Finder> {
+    const TuAnalysis &A;
+    const KeyTracker &Keys;
+    const FunctionDecl *Fn;
+    bool Found = false;
+    Finder(const TuAnalysis &A, const KeyTracker &Keys, const FunctionDecl *Fn)
+        : A(A), Keys(Keys), Fn(Fn) {}
+    bool fromParameter(const Expr *E) {
+      auto L = locationOf(E);
+      return L && isa<ParmVarDecl>(A.flow(Fn).resolve(*L).Root) &&
+             !Keys.keySlot(Fn, E);
+    }
+    bool VisitBinaryOperator(BinaryOperator *BO) {
+      if (BO->isEqualityOp())
+        for (auto [Key, Other] : {std::pair{BO->getLHS(), BO->getRHS()},
+                                  std::pair{BO->getRHS(), BO->getLHS()}})
+          if (Keys.keySlot(Fn, Key) && fromParameter(Other))
+            Found = true;
+      return !Found;
+    }
+  } F(A, Keys, Fn);
+  F.TraverseStmt(Fn->getBody());
+  return F.Found;
+}
 
 } // namespace
 
 std::vector<Lifecycle::RemoteInvalidation>
 findRemoteInvalidations(const TuAnalysis &A, const CompletionFields &CF,
-                        const KeyTracker &Keys, const FunctionDecl *Fn) {
+                        const KeyTracker &Keys, const FunctionDecl *Fn,
+                        std::map<const Expr *, Lifecycle::KeyCompare> &Compares) {
   std::vector<Lifecycle::RemoteInvalidation> Found;
   struct Finder : RecursiveASTVisitor<Finder> {
     std::vector<const IfStmt *> Ifs;
@@ -154,10 +275,24 @@ findRemoteInvalidations(const TuAnalysis &A, const CompletionFields &CF,
                                         : nullptr;
     if (!Branch)
       continue;
-    InvalidatedKeyUses Uses(A, CF, Keys, Fn);
+    // `(flags & WITH_INV) && wc->invalidated_rkey == req->key` compares in
+    // the condition itself.
+    InvalidatedKeyUses Uses(A, CF, Keys, Fn, Compares);
+    Uses.TraverseStmt(const_cast<Expr *>(If->getCond()));
     Uses.TraverseStmt(const_cast<Stmt *>(Branch));
-    Found.push_back({If, Polarity > 0, Uses.Slots, Uses.Checked, Fn});
+    Lifecycle::RemoteInvalidation R;
+    R.If = If;
+    R.AcceptThen = Polarity > 0;
+    R.Slots = Uses.Slots;
+    R.Checked = Uses.Checked;
+    R.External = Uses.Checked ? "" : Uses.External;
+    R.Fn = Fn;
+    Found.push_back(std::move(R));
   }
+  if (Fn->isExternallyVisible() && comparesParameterKey(A, Keys, Fn))
+    Program::of(A).exportFact(
+        factKey(FactKind::ComparesInvalidatedKey, Fn->getName()));
   return Found;
 }
+
 } // namespace ulplint

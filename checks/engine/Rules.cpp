@@ -36,6 +36,7 @@ struct RawDomainFile {
   std::string Domain;
   std::map<std::string, std::map<std::string, std::string>> Flags;
   std::map<std::string, std::string> Opcodes;
+  std::map<std::string, std::string> CompletionOpcodes;
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
   std::map<std::string, int64_t> PortableCaps;
@@ -98,6 +99,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapRequired("domain", D.Domain);
     Io.mapOptional("flags", D.Flags);
     Io.mapOptional("opcodes", D.Opcodes);
+    Io.mapOptional("completion_opcodes", D.CompletionOpcodes);
     Io.mapOptional("transport_constants", D.TransportConstants);
     Io.mapOptional("ib_constants", D.IbConstants);
     Io.mapOptional("portable_caps", D.PortableCaps);
@@ -215,6 +217,9 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::CoreRegRelease, "core.reg_release"},
     {Effect::CoreMrGet, "core.mr_get"},
     {Effect::CoreMrPut, "core.mr_put"},
+    {Effect::WcReadFlags, "wc.read_flags"},
+    {Effect::WcReadInvalidatedRkey, "wc.read_invalidated_rkey"},
+    {Effect::WcReadOpcode, "wc.read_opcode"},
     {Effect::MemoryZero, "memory.zero"},
     {Effect::ErrorPointerTest, "ptr.error_test"},
 };
@@ -405,6 +410,12 @@ struct RulesBuilder {
       DM.Opcodes[Enumerator] = Name;
       R.OpcodeIndex[Enumerator] = *Op;
     }
+    for (auto &[Enumerator, Name] : Raw.CompletionOpcodes) {
+      std::optional<Opcode> Op = lookupName(OpcodeNames, Name);
+      if (!Op)
+        return fail("unknown opcode '" + Name + "' for " + Enumerator);
+      DM.CompletionOpcodes[Enumerator] = *Op;
+    }
     for (RawStruct &S : Raw.Structs)
       if (auto E = addStruct(*D, S))
         return E;
@@ -571,6 +582,15 @@ llvm::StringRef Rules::flagName(Domain D, Flag F) const {
   const auto &Flags = domain(D).Flags;
   auto It = Flags.find(F);
   return It == Flags.end() ? llvm::StringRef() : It->second;
+}
+
+std::optional<Opcode> Rules::completionOpcodeOf(llvm::StringRef Enumerator) const {
+  for (const DomainModel &D : Domains) {
+    auto It = D.CompletionOpcodes.find(Enumerator.str());
+    if (It != D.CompletionOpcodes.end())
+      return It->second;
+  }
+  return std::nullopt;
 }
 
 llvm::StringRef Rules::opcodeEnumerator(Domain D, Opcode Op) const {

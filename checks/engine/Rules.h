@@ -129,6 +129,9 @@ enum class Effect {
   CoreRegRelease,
   CoreMrGet,
   CoreMrPut,
+  WcReadFlags,      // ibv_wc_read_wc_flags(): the current completion's flags
+  WcReadInvalidatedRkey,
+  WcReadOpcode,
   MemoryZero,       // memset(&x, 0, ...)
   ErrorPointerTest, // IS_ERR(p): true on the failure branch
 };
@@ -181,6 +184,7 @@ struct DomainModel {
   /// The enumerator that spells each flag in this API.
   std::map<Flag, std::string> Flags;
   std::map<std::string, std::string> Opcodes; // enumerator -> opcode name
+  std::map<std::string, Opcode> CompletionOpcodes; // IB_WC_LOCAL_INV -> LocalInv
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
   std::map<FieldRole, int64_t> PortableCaps;
@@ -252,6 +256,8 @@ public:
   /// Spelling of a flag in a domain, e.g. (Kernel, LocalWrite) ->
   /// IB_ACCESS_LOCAL_WRITE.
   llvm::StringRef flagName(Domain D, Flag F) const;
+  /// What completed, for a completion opcode enumerator (IB_WC_LOCAL_INV).
+  std::optional<Opcode> completionOpcodeOf(llvm::StringRef Enumerator) const;
   /// The enumerator that spells \p Op in \p D (IB_WR_REG_MR), or empty.
   llvm::StringRef opcodeEnumerator(Domain D, Opcode Op) const;
   /// The CoreFiles of every API, as one regular expression.

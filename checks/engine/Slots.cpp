@@ -66,6 +66,10 @@ const RecordDecl *SlotKey::record() const {
   return S == Scope::Field ? cast<RecordDecl>(Base) : nullptr;
 }
 
+const ValueDecl *SlotKey::variable() const {
+  return S == Scope::Local || S == Scope::Global ? cast<ValueDecl>(Base) : nullptr;
+}
+
 bool SlotKey::isWithin(const SlotKey &C) const {
   if (S != C.S || Fn != C.Fn || Base != C.Base || Path.size() < C.Path.size())
     return false;

@@ -42,6 +42,10 @@ public:
   const clang::FunctionDecl *function() const { return Fn; }
   /// The struct a field slot's path starts in.
   const clang::RecordDecl *record() const;
+  /// The variable a local or global slot starts at.
+  const clang::ValueDecl *variable() const;
+  /// The steps after the variable or struct.
+  llvm::ArrayRef<Location::Step> path() const { return Path; }
 
   /// True when this slot is \p Container or lies inside it.
   bool isWithin(const SlotKey &Container) const;
