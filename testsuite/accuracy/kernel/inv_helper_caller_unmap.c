@@ -35,6 +35,8 @@ struct tapex_cmd {
 	enum dma_data_direction	dir;
 };
 
+void tapex_reset_channel(struct tapex_ch *ch);
+
 static void tapex_inv_done(struct ib_cq *cq, struct ib_wc *wc)
 {
 	struct tapex_cmd *cmd = container_of(wc->wr_cqe, struct tapex_cmd,
@@ -105,8 +107,11 @@ int tapex_cmd_done(struct tapex_cmd *cmd)
 
 void tapex_abort_cmd(struct tapex_cmd *cmd)
 {
-	if (tapex_inv_async(cmd))
-		pr_warn("tapex: abort: LOCAL_INV not posted\n");
+	if (tapex_inv_async(cmd)) {
+		pr_warn("tapex: abort: LOCAL_INV not posted, resetting\n");
+		tapex_reset_channel(cmd->ch);
+		return;
+	}
 	/* BUG: rdma-unmap-before-invalidate -- the pages are unmapped (and the MR recycled) right after an unsignaled LOCAL_INV that nobody waits for */
 	ib_dma_unmap_sg(cmd->ch->ibdev, cmd->sgl, cmd->nents, cmd->dir);
 	tapex_release(cmd);

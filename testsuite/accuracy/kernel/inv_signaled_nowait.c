@@ -42,6 +42,8 @@ struct mq_msg {
 	u64			ctl_dma;
 };
 
+void mq_conn_error(struct mq_conn *conn);
+
 static void mq_inv_done(struct ib_cq *cq, struct ib_wc *wc)
 {
 	if (wc->status != IB_WC_SUCCESS)
@@ -66,8 +68,10 @@ void mq_msg_acked(struct mq_msg *msg)
 	msg->inv_wr.ex.invalidate_rkey = msg->mr->rkey;
 	msg->inv_cqe.done = mq_inv_done;
 	msg->inv_wr.wr_cqe = &msg->inv_cqe;
-	if (ib_post_send(conn->qp, &msg->inv_wr, NULL))
-		pr_warn("mq: LOCAL_INV post failed\n");
+	if (ib_post_send(conn->qp, &msg->inv_wr, NULL)) {
+		mq_conn_error(conn);	/* teardown deregisters everything */
+		return;
+	}
 
 	/* BUG: rdma-local-mr-management -- the transport returns MRs to its own pool */
 	ib_mr_pool_put(conn->qp, &conn->qp->rdma_mrs, msg->mr); /* BUG: rdma-unmap-before-invalidate -- the LOCAL_INV is signaled but nothing waits for its completion before the MR is recycled */
