@@ -26,6 +26,8 @@ struct gsx_req {
 	struct gsx_conn		*conn;
 	struct ib_mr		*mr;
 	struct ib_reg_wr	reg_wr;
+	struct ib_send_wr	inv_wr;
+	struct ib_cqe		inv_cqe;
 	struct scatterlist	*sgl;
 	int			nents;
 	__be32			rkey;
@@ -107,4 +109,27 @@ int gsx_attach_mr(struct gsx_req *req)
 		return PTR_ERR(mr);
 	req->mr = mr;
 	return 0; /* OK: rdma-mr-leak -- ownership moves to the request, which puts the MR on completion */
+}
+
+static void gsx_inv_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	struct gsx_req *req = container_of(wc->wr_cqe, struct gsx_req, inv_cqe);
+
+	if (wc->status != IB_WC_SUCCESS)
+		return;	/* connection error: the pool goes away with the QP */
+	/* BUG: rdma-local-mr-management -- the MR goes back to the pool */
+	ib_mr_pool_put(req->conn->qp, &req->conn->qp->rdma_mrs, req->mr); /* OK: rdma-invalidation-leak -- released from the completion of its LOCAL_INV */
+	req->mr = NULL;
+}
+
+int gsx_release(struct gsx_req *req)
+{
+	req->inv_wr.opcode = IB_WR_LOCAL_INV;
+	req->inv_wr.next = NULL;
+	req->inv_wr.num_sge = 0;
+	req->inv_wr.send_flags = IB_SEND_SIGNALED;
+	req->inv_wr.ex.invalidate_rkey = req->mr->rkey;
+	req->inv_cqe.done = gsx_inv_done;
+	req->inv_wr.wr_cqe = &req->inv_cqe;
+	return ib_post_send(req->conn->qp, &req->inv_wr, NULL);
 }
