@@ -8,7 +8,8 @@
  * gsx_post_write_sink() forgets the MR when the descriptor does not fit the
  * message: it returns -EMSGSIZE with the mapped MR still in a local. The
  * read-source path puts it back, and gsx_attach_mr() hands it to the request
- * on success, which is how ownership moves on.
+ * on success, which is how ownership moves on: gsx_release() invalidates the
+ * key and the LOCAL_INV's completion puts the MR back.
  */
 #include <linux/kernel.h>
 #include <linux/slab.h>
