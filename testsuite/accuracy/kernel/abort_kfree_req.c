@@ -87,7 +87,7 @@ void nbx_abort_posted(struct nbx_req *req)
 	struct nbx_queue *q = req->q;
 
 	pr_warn("nbx: aborting request with rkey %#x\n", req->mr->rkey);
+	/* BUG: rdma-invalidation-leak -- the pages are unmapped while the server still holds a valid rkey for them */
 	ib_dma_unmap_sg(q->ibdev, req->sgl, req->nents, DMA_BIDIRECTIONAL);
-	/* BUG: rdma-mr-leak, rdma-invalidation-leak -- the request is freed with its pool MR, whose rkey the server still holds */
-	kfree(req);
+	kfree(req); /* BUG: rdma-mr-leak -- the request is freed together with its pool MR */
 }
