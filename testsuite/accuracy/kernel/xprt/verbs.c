@@ -52,7 +52,6 @@ int rdmx_ep_create(struct rdmx_xprt *r_xprt, struct rdmx_ep *ep)
 	ep->re_attr.cap.max_recv_sge = 1;
 	ep->re_attr.sq_sig_type = IB_SIGNAL_REQ_WR; /* OK: rdma-unsignaled-send-starvation -- rdmx_frwr_send() signals every re_send_batch-th SEND and LOCAL_INV chains end signaled */
 	ep->re_attr.qp_type = IB_QPT_RC;
-	ep->re_attr.port_num = ~0;
 	ep->re_send_batch = ep->re_max_requests >> 3;
 	ep->re_send_count = ep->re_send_batch;
 
