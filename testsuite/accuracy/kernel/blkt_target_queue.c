@@ -157,6 +157,7 @@ int blkt_complete_cmd(struct blkt_cmd *cmd, u64 raddr, u32 rkey)
 	cmd->send_wr.send_flags = IB_SEND_SIGNALED;
 
 	if (cmd->dir == DMA_TO_DEVICE && !cmd->status) {
+		/* OK: rdma-local-mr-management -- the RDMA WRITEs of the read data are built by rdma_rw */
 		ret = rdma_rw_ctx_init(&cmd->rw, q->cm_id->qp,
 				       q->cm_id->port_num, cmd->sgl, cmd->nents,
 				       0, raddr, rkey, cmd->dir);
