@@ -74,6 +74,7 @@ int lmig_reg_sink(struct lmig_xfer *x, u64 raddr, u32 rkey)
 		return -EINVAL;
 	if (iw)
 		acc |= IB_ACCESS_REMOTE_WRITE;
+	/* OK: rdma-remote-access-overbroad -- on iWARP the READ request hands the sink's STag to the source host, which places the response with it */
 	x->reg_wr.access = acc; /* BUG: rdma-access-flags-transport -- the sink's rights come from a local boolean set by rdma_protocol_iwarp() */
 	lmig_build_rdma(x, IB_WR_RDMA_READ, raddr, rkey);
 	return ib_post_send(x->conn->qp, &x->reg_wr.wr, NULL);

@@ -66,7 +66,7 @@ int fma_expose_status(struct fma_agent *a)
 	struct ib_reg_wr wr = { };
 
 	/* BUG: rdma-local-mr-management -- the agent allocates its own MR */
-	a->status_mr = ib_alloc_mr(a->pd, IB_MR_TYPE_MEM_REG, 1);
+	a->status_mr = ib_alloc_mr(a->pd, IB_MR_TYPE_MEM_REG, 1); /* OK: rdma-registration-in-datapath -- the status page is exposed once when the agent starts */
 	if (IS_ERR(a->status_mr))
 		return PTR_ERR(a->status_mr);
 	/* BUG: rdma-local-mr-management -- the agent maps the status page into its MR */

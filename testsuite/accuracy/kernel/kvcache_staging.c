@@ -73,7 +73,7 @@ int kvc_setup(struct kvc_conn *c, struct kvc_hello *hello)
 	init_completion(&c->reg_done);
 
 	/* BUG: rdma-local-mr-management -- the client allocates its own MR */
-	c->staging_mr = ib_alloc_mr(c->pd, IB_MR_TYPE_MEM_REG, 1);
+	c->staging_mr = ib_alloc_mr(c->pd, IB_MR_TYPE_MEM_REG, 1); /* OK: rdma-registration-in-datapath -- connection setup (kvc_reg_once() posts, but once per connection) */
 	if (IS_ERR(c->staging_mr))
 		return PTR_ERR(c->staging_mr);
 	/* BUG: rdma-local-mr-management -- the client allocates its own MR */

@@ -66,7 +66,7 @@ int objc_register_counters(struct objc_conn *conn, struct objc_wire_buf *wb)
 	int ret, n;
 
 	/* BUG: rdma-local-mr-management -- the client allocates its own MR */
-	conn->ctr_mr = ib_alloc_mr(conn->pd, IB_MR_TYPE_MEM_REG, 1);
+	conn->ctr_mr = ib_alloc_mr(conn->pd, IB_MR_TYPE_MEM_REG, 1); /* OK: rdma-registration-in-datapath -- once per connection, although this function posts the registration */
 	if (IS_ERR(conn->ctr_mr))
 		return PTR_ERR(conn->ctr_mr);
 
@@ -102,7 +102,7 @@ int objc_register_counters(struct objc_conn *conn, struct objc_wire_buf *wb)
 
 out_dereg:
 	/* BUG: rdma-local-mr-management -- the client deregisters its MR */
-	ib_dereg_mr(conn->ctr_mr); /* OK: rdma-mr-leak, rdma-invalidation-leak -- the error path releases the MR, and deregistration kills any key */
+	ib_dereg_mr(conn->ctr_mr); /* OK: rdma-mr-leak, rdma-invalidation-leak, rdma-registration-in-datapath -- the connection-setup error path releases the MR, and deregistration kills any key */
 	conn->ctr_mr = NULL;
 	return ret;
 }

@@ -219,7 +219,7 @@ void rdsf_unreg_frmr(struct list_head *list, unsigned int *nfreed)
 		if (frmr->fr_state == FRMR_IS_STALE) {
 			list_del(&ibmr->unmap_list);
 			/* BUG: rdma-local-mr-management -- the transport deregisters its MR */
-			ib_dereg_mr(frmr->mr); /* OK: rdma-invalidation-leak -- an MR whose LOCAL_INV failed is deregistered, which kills the key */
+			ib_dereg_mr(frmr->mr); /* OK: rdma-invalidation-leak, rdma-registration-in-datapath -- an MR whose LOCAL_INV failed is deregistered, which kills the key; this is the pool flush, and only stale MRs are dropped */
 			atomic_dec(&ibmr->pool->item_count);
 			kfree(ibmr);
 			(*nfreed)++;

@@ -131,7 +131,7 @@ void smcb_buf_unmap_link(struct smcb_buf_desc *buf, struct smcb_link *lnk)
 {
 	if (buf->mr[lnk->link_idx]) {
 		/* BUG: rdma-local-mr-management -- the ULP deregisters its MR */
-		ib_dereg_mr(buf->mr[lnk->link_idx]); /* OK: rdma-invalidation-leak -- deregistration kills the key before the pages are unmapped */
+		ib_dereg_mr(buf->mr[lnk->link_idx]); /* OK: rdma-invalidation-leak, rdma-registration-in-datapath -- deregistration kills the key before the pages are unmapped; buffers are unmapped from a link on teardown or a failed first mapping, not per I/O */
 		buf->mr[lnk->link_idx] = NULL;
 	}
 	buf->is_reg_mr[lnk->link_idx] = false;
