@@ -36,18 +36,6 @@ struct nvr_keyed_sgl_desc {
 	u8	type;
 };
 
-struct nvr_command {
-	u8	opcode;
-	u8	flags;
-	u16	command_id;
-	struct nvr_keyed_sgl_desc dptr;
-};
-
-struct nvr_completion {
-	u16	command_id;
-	__le16	status;
-};
-
 struct nvr_device {
 	struct ib_device	*dev;
 	struct ib_pd		*pd;
@@ -55,7 +43,6 @@ struct nvr_device {
 };
 
 struct nvr_qe {
-	void		*data;
 	u64		dma;
 	struct ib_cqe	cqe;
 };
@@ -88,21 +75,6 @@ struct nvr_request {
 void nvr_error_recovery(void *ctrl);
 struct nvr_request *nvr_tag_to_req(struct nvr_queue *queue, u16 command_id);
 
-void nvr_init_device_caps(struct nvr_device *ndev)
-{
-	/* OK: rdma-queue-cap-unchecked -- the inline segment count is clamped to what the device allows */
-	ndev->num_inline_segments = min(NVR_MAX_INLINE_SEGMENTS,
-					ndev->dev->attrs.max_send_sge - 1);
-}
-
-static void nvr_wr_error(struct nvr_queue *queue, struct ib_wc *wc,
-			 const char *op)
-{
-	pr_err("%s for CQE 0x%p failed with status %s (%d)\n", op,
-	       wc->wr_cqe, ib_wc_status_msg(wc->status), wc->status);
-	nvr_error_recovery(queue->ctrl);
-}
-
 static int nvr_create_qp(struct nvr_queue *queue, const int factor)
 {
 	struct nvr_device *dev = queue->device;
@@ -122,9 +94,7 @@ static int nvr_create_qp(struct nvr_queue *queue, const int factor)
 	init_attr.qp_context = queue;
 
 	queue->qp = ib_create_qp(dev->pd, &init_attr);
-	if (IS_ERR(queue->qp))
-		return PTR_ERR(queue->qp);
-	return 0;
+	return IS_ERR(queue->qp) ? PTR_ERR(queue->qp) : 0;
 }
 
 int nvr_create_queue_ib(struct nvr_queue *queue)
@@ -148,11 +118,8 @@ int nvr_create_queue_ib(struct nvr_queue *queue)
 	/* BUG: rdma-local-mr-management -- the ULP keeps its own MR pool; rdma_rw owns one per QP */
 	ret = ib_mr_pool_init(queue->qp, &queue->qp->rdma_mrs, queue->queue_size,
 			      IB_MR_TYPE_MEM_REG, queue->pages_per_mr, 0); /* OK: rdma-registration-in-datapath -- the pool is filled once at queue setup */
-	if (ret) {
-		pr_err("failed to initialize MR pool sized %d\n",
-		       queue->queue_size);
+	if (ret)
 		goto out_destroy_qp;
-	}
 	return 0;
 
 out_destroy_qp:
@@ -197,13 +164,12 @@ static void nvr_memreg_done(struct ib_cq *cq, struct ib_wc *wc)
 		container_of(wc->wr_cqe, struct nvr_request, reg_cqe);
 
 	if (unlikely(wc->status != IB_WC_SUCCESS))
-		nvr_wr_error(req->queue, wc, "MEMREG");
+		nvr_error_recovery(req->queue->ctrl);
 }
 
 static int nvr_map_sg_fr(struct nvr_queue *queue, struct nvr_request *req,
-			 struct nvr_command *c, int count)
+			 struct nvr_keyed_sgl_desc *sg, int count)
 {
-	struct nvr_keyed_sgl_desc *sg = &c->dptr;
 	int nr;
 
 	/* BUG: rdma-local-mr-management -- per-I/O MR taken from the ULP's own pool */
@@ -248,7 +214,7 @@ static void nvr_send_done(struct ib_cq *cq, struct ib_wc *wc)
 	struct nvr_request *req = container_of(qe, struct nvr_request, sqe);
 
 	if (unlikely(wc->status != IB_WC_SUCCESS)) {
-		nvr_wr_error(req->queue, wc, "SEND");
+		nvr_error_recovery(req->queue->ctrl);
 		return;
 	}
 	if (atomic_dec_and_test(&req->ref))
@@ -263,7 +229,7 @@ static int nvr_post_send(struct nvr_queue *queue, struct nvr_qe *qe,
 	int ret;
 
 	sge->addr = qe->dma;
-	sge->length = sizeof(struct nvr_command);
+	sge->length = 64;	/* the command capsule */
 	sge->lkey = queue->device->pd->local_dma_lkey;
 
 	wr.next = NULL;
@@ -285,7 +251,7 @@ static int nvr_post_send(struct nvr_queue *queue, struct nvr_qe *qe,
 }
 
 blk_status_t nvr_queue_rq(struct nvr_queue *queue, struct request *rq,
-			  struct nvr_command *c, int count)
+			  struct nvr_keyed_sgl_desc *c, int count)
 {
 	struct nvr_request *req = blk_mq_rq_to_pdu(rq);
 	int err;
@@ -314,7 +280,7 @@ static void nvr_inv_rkey_done(struct ib_cq *cq, struct ib_wc *wc)
 		container_of(wc->wr_cqe, struct nvr_request, reg_cqe);
 
 	if (unlikely(wc->status != IB_WC_SUCCESS)) {
-		nvr_wr_error(req->queue, wc, "LOCAL_INV");
+		nvr_error_recovery(req->queue->ctrl);
 		return;
 	}
 	if (atomic_dec_and_test(&req->ref))
@@ -325,25 +291,23 @@ static int nvr_inv_rkey(struct nvr_queue *queue, struct nvr_request *req)
 {
 	struct ib_send_wr wr = {
 		.opcode		    = IB_WR_LOCAL_INV,
-		.next		    = NULL,
-		.num_sge	    = 0,
 		.send_flags	    = IB_SEND_SIGNALED,
 		.ex.invalidate_rkey = req->mr->rkey,
+		.wr_cqe		    = &req->reg_cqe,
 	};
 
 	req->reg_cqe.done = nvr_inv_rkey_done;
-	wr.wr_cqe = &req->reg_cqe;
 
 	return ib_post_send(queue->qp, &wr, NULL);
 }
 
-void nvr_process_nvme_rsp(struct nvr_queue *queue, struct nvr_completion *cqe,
-			  struct ib_wc *wc)
+void nvr_process_nvme_rsp(struct nvr_queue *queue, u16 command_id,
+			  __le16 status, struct ib_wc *wc)
 {
-	struct nvr_request *req = nvr_tag_to_req(queue, cqe->command_id);
+	struct nvr_request *req = nvr_tag_to_req(queue, command_id);
 	int ret;
 
-	req->status = cqe->status;
+	req->status = status;
 
 	/* OK: rdma-remote-invalidate-unchecked -- the invalidated rkey is compared with the request's and a mismatch tears the queue down */
 	if (wc->wc_flags & IB_WC_WITH_INVALIDATE) {

@@ -14,6 +14,9 @@
 #include <rdma/rdma_cm.h>
 
 #define LSD_INLINE_HDR	512
+#define LSD_NR_ACKS	8
+
+struct lsd_ack;
 
 struct lsd_conn {
 	struct rdma_cm_id	*cm_id;
@@ -23,6 +26,17 @@ struct lsd_conn {
 	u64			peer_log_addr;
 	u32			peer_log_rkey;
 	u64			tail;
+	u32			credits;
+	struct lsd_ack		*acks;
+	u64			acks_dma;
+};
+
+struct lsd_ack {
+	struct ib_cqe		cqe;
+	struct ib_recv_wr	wr;
+	struct ib_sge		sge;
+	struct lsd_conn		*conn;
+	__be32			acked;
 };
 
 struct lsd_rec {

@@ -9,6 +9,24 @@
  */
 #include "lsd.h"
 
+struct lsd_wire_hdr {
+	__be64	lsn;
+	__be64	offset;
+	__be32	len;
+	__be32	crc;
+};
+
+void lsd_build_hdr(struct lsd_conn *c, struct lsd_rec *r, u64 lsn, u32 crc)
+{
+	struct lsd_wire_hdr *h = r->hdr;
+
+	h->lsn = cpu_to_be64(lsn);
+	h->offset = cpu_to_be64(c->tail);
+	h->len = cpu_to_be32(r->body_len);
+	h->crc = cpu_to_be32(crc);
+	r->hdr_len = sizeof(*h);
+}
+
 int lsd_ship(struct lsd_conn *c, struct lsd_rec *r)
 {
 	r->body_sge.addr = r->body_dma;
@@ -32,4 +50,39 @@ int lsd_ship(struct lsd_conn *c, struct lsd_rec *r)
 	r->hdr_wr.num_sge = 1;
 	r->hdr_wr.send_flags = IB_SEND_INLINE;
 	return ib_post_send(c->cm_id->qp, &r->write_wr.wr, NULL);
+}
+
+int lsd_ship_batch(struct lsd_conn *c, struct lsd_rec *recs, int n)
+{
+	int i, ret;
+
+	for (i = 0; i < n; i++) {
+		if (!c->credits)
+			return i;	/* wait for the standby's acks */
+		c->credits--;
+		ret = lsd_ship(c, &recs[i]);
+		if (ret)
+			return ret;
+	}
+	return n;
+}
+
+int lsd_send_barrier(struct lsd_conn *c, void *marker, u32 len)
+{
+	struct ib_sge sge = {
+		.addr = (uintptr_t)marker,
+		.length = len,
+		.lkey = 0,
+	};
+	struct ib_send_wr wr = {
+		.opcode = IB_WR_SEND,
+		.sg_list = &sge,
+		.num_sge = 1,
+		.send_flags = IB_SEND_INLINE | IB_SEND_SOLICITED,
+	};
+
+	if (!c->credits)
+		return -EAGAIN;
+	c->credits--;
+	return ib_post_send(c->cm_id->qp, &wr, NULL);
 }

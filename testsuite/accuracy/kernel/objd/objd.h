@@ -16,13 +16,27 @@
 #define OBJD_MAX_PAGES		256
 #define OBJD_META_SIZE		256
 
+struct objd_conn;
+
+struct objd_recv {
+	struct objd_conn	*conn;
+	struct ib_cqe		cqe;
+	struct ib_recv_wr	wr;
+	struct ib_sge		sge;
+	u64			dma;
+};
+
 struct objd_conn {
 	struct rdma_cm_id	*cm_id;
 	struct ib_pd		*pd;
 	struct ib_cq		*cq;
 	struct ib_qp		*qp;
 	u32			depth;
+	u32			cq_size;
+	struct objd_recv	*recvs;
 };
+
+void objd_handle_cmd(struct objd_conn *conn, struct objd_recv *r, u32 len);
 
 struct objd_cmd {
 	struct objd_conn	*conn;

@@ -41,3 +41,57 @@ void objd_destroy_qp(struct objd_conn *conn)
 	ib_drain_qp(conn->qp);
 	rdma_destroy_qp(conn->cm_id);
 }
+
+int objd_alloc_cq(struct objd_conn *conn)
+{
+	/* one completion per receive, metadata READ, rw context and response */
+	conn->cq_size = 4 * conn->depth + 1;
+	conn->cq = ib_cq_pool_get(conn->cm_id->device, conn->cq_size, 0,
+				  IB_POLL_WORKQUEUE);
+	if (IS_ERR(conn->cq))
+		return PTR_ERR(conn->cq);
+	return 0;
+}
+
+static void objd_recv_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	struct objd_recv *r = container_of(wc->wr_cqe, struct objd_recv, cqe);
+
+	if (wc->status != IB_WC_SUCCESS)
+		return;		/* flushed: the connection is going away */
+	objd_handle_cmd(r->conn, r, wc->byte_len);
+}
+
+int objd_post_recv(struct objd_conn *conn, struct objd_recv *r)
+{
+	r->conn = conn;
+	r->cqe.done = objd_recv_done;
+	r->sge.addr = r->dma;
+	r->sge.length = 512;
+	r->sge.lkey = conn->pd->local_dma_lkey;
+	r->wr.next = NULL;
+	r->wr.wr_cqe = &r->cqe;
+	r->wr.sg_list = &r->sge;
+	r->wr.num_sge = 1;
+	return ib_post_recv(conn->qp, &r->wr, NULL);
+}
+
+int objd_post_recvs(struct objd_conn *conn)
+{
+	u32 i;
+	int ret;
+
+	for (i = 0; i < conn->depth; i++) {
+		ret = objd_post_recv(conn, &conn->recvs[i]);
+		if (ret)
+			return ret;
+	}
+	return 0;
+}
+
+void objd_free_conn(struct objd_conn *conn)
+{
+	objd_destroy_qp(conn);
+	ib_cq_pool_put(conn->cq, conn->cq_size);
+	kfree(conn->recvs);
+}

@@ -41,6 +41,11 @@ struct rsx_info_rsp {
 	} desc[];
 };
 
+struct rsx_recv {
+	struct ib_cqe		cqe;
+	struct rsx_path		*path;
+};
+
 struct rsx_io {
 	struct rsx_path		*path;
 	struct ib_rdma_wr	data_wr;

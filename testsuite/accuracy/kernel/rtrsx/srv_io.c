@@ -47,3 +47,44 @@ int rsx_send_read_rsp(struct rsx_io *io, u64 src_dma, u32 len, u64 raddr,
 	/* OK: rdma-access-flags-transport -- an RDMA WRITE source needs no remote rights */
 	return ib_post_send(p->qp, &io->data_wr.wr, NULL);
 }
+
+int rsx_send_write_rsp(struct rsx_io *io, int errno)
+{
+	struct rsx_path *p = io->path;
+
+	/* the client's data already sits in the chunk: just answer */
+	io->rsp_sge.length = 0;
+	io->rsp_wr.next = NULL;
+	io->rsp_wr.wr_cqe = &io->cqe;
+	io->rsp_wr.sg_list = NULL;
+	io->rsp_wr.num_sge = 0;
+	io->rsp_wr.opcode = IB_WR_SEND_WITH_IMM;
+	io->rsp_wr.ex.imm_data = cpu_to_be32(io->msg_id | (errno ? 1U << 31 : 0));
+	io->rsp_wr.send_flags = 0;
+	if (atomic_inc_return(&p->wr_cnt) % p->signal_interval == 0)
+		io->rsp_wr.send_flags = IB_SEND_SIGNALED;
+	return ib_post_send(p->qp, &io->rsp_wr, NULL);
+}
+
+void rsx_process_io(struct rsx_io *io, bool is_read, u64 chunk_dma, u32 len,
+		    u64 raddr, u32 rkey);
+
+static void rsx_recv_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	struct rsx_recv *r = container_of(wc->wr_cqe, struct rsx_recv, cqe);
+	struct rsx_path *p = r->path;
+	u32 imm;
+
+	if (wc->status != IB_WC_SUCCESS)
+		return;
+	if (!(wc->wc_flags & IB_WC_WITH_IMM))
+		return;
+	imm = be32_to_cpu(wc->ex.imm_data);
+	pr_debug("rsx: request %u on path %p\n", imm, p);
+}
+
+void rsx_init_recv(struct rsx_path *p, struct rsx_recv *r)
+{
+	r->path = p;
+	r->cqe.done = rsx_recv_done;
+}

@@ -91,7 +91,7 @@ out_dmamap_err:
 	mr->mr_dir = DMA_NONE;
 	return -EIO;
 out_mapmr_err:
-	rdmx_mr_put(mr);
+	/* the caller's rdmx_frwr_reset() unmaps and recycles it */
 	return -EIO;
 }
 

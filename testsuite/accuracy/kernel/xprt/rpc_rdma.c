@@ -21,6 +21,58 @@ __be32 *rdmx_encode_segment(__be32 *p, struct rdmx_mr *mr)
 	return p;
 }
 
+#define RDMX_XDR_ONE	cpu_to_be32(1)
+#define RDMX_XDR_ZERO	cpu_to_be32(0)
+
+/* A Read list: one item per registered source segment, then a terminator. */
+__be32 *rdmx_encode_read_list(__be32 *p, struct rdmx_req *req, u32 position)
+{
+	struct rdmx_mr *mr;
+
+	list_for_each_entry(mr, &req->rl_registered, mr_list) {
+		*p++ = RDMX_XDR_ONE;		/* item present */
+		*p++ = cpu_to_be32(position);
+		p = rdmx_encode_segment(p, mr);
+	}
+	*p++ = RDMX_XDR_ZERO;			/* end of list */
+	return p;
+}
+
+/* A single Write chunk made of all registered sink segments. */
+__be32 *rdmx_encode_write_chunk(__be32 *p, struct rdmx_req *req, u32 nsegs)
+{
+	struct rdmx_mr *mr;
+
+	*p++ = RDMX_XDR_ONE;			/* chunk present */
+	*p++ = cpu_to_be32(nsegs);
+	list_for_each_entry(mr, &req->rl_registered, mr_list)
+		p = rdmx_encode_segment(p, mr);
+	*p++ = RDMX_XDR_ZERO;			/* no more chunks */
+	return p;
+}
+
+int rdmx_marshal_req(struct rdmx_xprt *r_xprt, struct rdmx_req *req,
+		     __be32 *hdr, bool writing, u32 nsegs)
+{
+	struct rdmx_mr *mr, *tmp;
+	__be32 *p = hdr;
+	int ret;
+
+	list_for_each_entry_safe(mr, tmp, &req->rl_free_mrs, mr_list) {
+		list_move_tail(&mr->mr_list, &req->rl_registered);
+		ret = rdmx_frwr_map(r_xprt, mr, nsegs, writing);
+		if (ret) {
+			rdmx_frwr_reset(req);
+			return ret;
+		}
+	}
+	if (writing)
+		p = rdmx_encode_write_chunk(p, req, nsegs);
+	else
+		p = rdmx_encode_read_list(p, req, 0);
+	return (int)(p - hdr);
+}
+
 void rdmx_wc_receive(struct ib_cq *cq, struct ib_wc *wc)
 {
 	struct rdmx_rep *rep = container_of(wc->wr_cqe, struct rdmx_rep,
