@@ -71,3 +71,36 @@ int evs_post_event(struct evs_conn *c, u64 dma, u32 len)
 	}
 	return ib_post_send(c->qp, &wr, NULL);
 }
+
+struct evs_ack {
+	struct ib_cqe		cqe;
+	struct ib_recv_wr	wr;
+	struct ib_sge		sge;
+	u64			dma;
+};
+
+static void evs_ack_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	if (wc->status != IB_WC_SUCCESS)
+		pr_warn("evs: collector ack lost: %s\n",
+			ib_wc_status_msg(wc->status));
+}
+
+int evs_post_ack_buf(struct evs_conn *c, struct evs_ack *ack)
+{
+	ack->cqe.done = evs_ack_done;
+	ack->sge.addr = ack->dma;
+	ack->sge.length = 8;
+	ack->sge.lkey = c->pd->local_dma_lkey;
+	ack->wr.next = NULL;
+	ack->wr.wr_cqe = &ack->cqe;
+	ack->wr.sg_list = &ack->sge;
+	ack->wr.num_sge = 1;
+	return ib_post_recv(c->qp, &ack->wr, NULL);
+}
+
+void evs_close(struct evs_conn *c)
+{
+	ib_destroy_qp(c->qp);
+	ib_free_cq(c->cq);
+}

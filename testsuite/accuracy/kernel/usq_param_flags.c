@@ -71,3 +71,37 @@ int bcs_leave(struct bcs_node *n, u64 dma)
 {
 	return bcs_post(n, dma, 16, IB_SEND_SOLICITED);
 }
+
+struct bcs_rx {
+	struct ib_cqe		cqe;
+	struct ib_recv_wr	wr;
+	struct ib_sge		sge;
+	u64			dma;
+	struct bcs_node		*node;
+};
+
+void bcs_deliver(struct bcs_node *n, struct bcs_rx *rx, u32 len);
+
+static void bcs_rx_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	struct bcs_rx *rx = container_of(wc->wr_cqe, struct bcs_rx, cqe);
+
+	if (wc->status != IB_WC_SUCCESS)
+		return;
+	bcs_deliver(rx->node, rx, wc->byte_len);
+	ib_post_recv(rx->node->qp, &rx->wr, NULL);
+}
+
+int bcs_post_rx(struct bcs_node *n, struct bcs_rx *rx)
+{
+	rx->node = n;
+	rx->cqe.done = bcs_rx_done;
+	rx->sge.addr = rx->dma;
+	rx->sge.length = 256;
+	rx->sge.lkey = n->pd->local_dma_lkey;
+	rx->wr.next = NULL;
+	rx->wr.wr_cqe = &rx->cqe;
+	rx->wr.sg_list = &rx->sge;
+	rx->wr.num_sge = 1;
+	return ib_post_recv(n->qp, &rx->wr, NULL);
+}

@@ -71,3 +71,35 @@ void isx_task_rdma_finalize(struct isx_task *task)
 		task->dma_nents[dir] = 0;
 	}
 }
+
+static void isx_rx_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	struct isx_rx_desc *rx = container_of(wc->wr_cqe, struct isx_rx_desc,
+					      cqe);
+	struct isx_conn *conn = rx->conn;
+
+	if (unlikely(wc->status != IB_WC_SUCCESS)) {
+		pr_err("isx: rx failed: %s\n", ib_wc_status_msg(wc->status));
+		return;
+	}
+	if (isx_check_remote_inv(conn, wc, rx->hdr)) {
+		rdma_disconnect(conn->cma_id);
+		return;
+	}
+	isx_task_rsp(conn, rx->hdr, wc->byte_len);
+	ib_post_recv(conn->qp, &rx->wr, NULL);
+}
+
+int isx_post_rx(struct isx_conn *conn, struct isx_rx_desc *rx)
+{
+	rx->conn = conn;
+	rx->cqe.done = isx_rx_done;
+	rx->sge.addr = rx->dma;
+	rx->sge.length = 128;
+	rx->sge.lkey = conn->device->pd->local_dma_lkey;
+	rx->wr.next = NULL;
+	rx->wr.wr_cqe = &rx->cqe;
+	rx->wr.sg_list = &rx->sge;
+	rx->wr.num_sge = 1;
+	return ib_post_recv(conn->qp, &rx->wr, NULL);
+}

@@ -94,7 +94,17 @@ int isx_reg_rdma_mem(struct isx_task *task, enum isx_data_dir dir);
 void isx_unreg_mem(struct isx_task *task, enum isx_data_dir dir);
 int isx_inv_desc(struct isx_fr_desc *desc, u32 rkey);
 
+struct isx_rx_desc {
+	struct ib_cqe		cqe;
+	struct ib_recv_wr	wr;
+	struct ib_sge		sge;
+	u64			dma;
+	struct isx_hdr		*hdr;
+	struct isx_conn		*conn;
+};
+
 /* iser_initiator.c */
+void isx_task_rsp(struct isx_conn *conn, struct isx_hdr *hdr, u32 len);
 struct isx_task *isx_itt_to_task(struct isx_conn *conn, u32 itt);
 
 #endif /* _ISX_H */

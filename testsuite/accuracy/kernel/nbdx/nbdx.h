@@ -48,6 +48,17 @@ struct nbdx_req {
 	blk_status_t		status;
 };
 
+struct nbdx_rsp {
+	struct ib_cqe		cqe;
+	struct ib_recv_wr	wr;
+	struct ib_sge		sge;
+	struct nbdx_queue	*q;
+	__be32			*buf;
+	u64			dma;
+};
+
+struct nbdx_req *nbdx_tag_to_req(struct nbdx_queue *q, u32 tag);
+
 /* nbdx_io.c */
 void nbdx_put_mr(struct nbdx_queue *q, struct nbdx_mr *nmr);
 int nbdx_queue_rq(struct nbdx_req *req);

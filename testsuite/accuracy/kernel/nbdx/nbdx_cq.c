@@ -10,6 +10,7 @@
  * deregistered in the completion path, once per I/O.
  */
 #include "nbdx.h"
+#include <asm/byteorder.h>
 
 #define NBDX_RSP_BUSY	0x2
 
@@ -54,4 +55,37 @@ void nbdx_handle_rsp(struct nbdx_req *req, u32 rsp_status, struct ib_wc *wc)
 	}
 	blk_mq_end_request(blk_mq_rq_from_pdu(req),
 			   rsp_status ? BLK_STS_IOERR : BLK_STS_OK);
+}
+
+static void nbdx_rsp_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	struct nbdx_rsp *rsp = container_of(wc->wr_cqe, struct nbdx_rsp, cqe);
+	struct nbdx_queue *q = rsp->q;
+	struct nbdx_req *req;
+	u32 tag, status;
+
+	if (wc->status != IB_WC_SUCCESS) {
+		pr_err("nbdx: receive failed: %s\n", ib_wc_status_msg(wc->status));
+		return;
+	}
+	tag = be32_to_cpu(rsp->buf[0]);
+	status = be32_to_cpu(rsp->buf[1]);
+	req = nbdx_tag_to_req(q, tag);
+	if (req)
+		nbdx_handle_rsp(req, status, wc);
+	ib_post_recv(q->cm_id->qp, &rsp->wr, NULL);
+}
+
+int nbdx_post_rsp_buf(struct nbdx_queue *q, struct nbdx_rsp *rsp)
+{
+	rsp->q = q;
+	rsp->cqe.done = nbdx_rsp_done;
+	rsp->sge.addr = rsp->dma;
+	rsp->sge.length = 2 * sizeof(__be32);
+	rsp->sge.lkey = q->pd->local_dma_lkey;
+	rsp->wr.next = NULL;
+	rsp->wr.wr_cqe = &rsp->cqe;
+	rsp->wr.sg_list = &rsp->sge;
+	rsp->wr.num_sge = 1;
+	return ib_post_recv(q->cm_id->qp, &rsp->wr, NULL);
 }

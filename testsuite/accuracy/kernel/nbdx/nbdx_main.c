@@ -69,3 +69,29 @@ void nbdx_free_queue(struct nbdx_queue *q)
 		ib_dereg_mr(q->mrs[i].mr);
 	kfree(q->mrs);
 }
+
+int nbdx_init_queue(struct nbdx_queue *q, struct rdma_cm_id *cm_id,
+		    struct ib_pd *pd)
+{
+	int ret;
+
+	q->cm_id = cm_id;
+	q->pd = pd;
+	q->cq = ib_alloc_cq(cm_id->device, q, 4 * NBDX_QUEUE_DEPTH + 1, 0,
+			    IB_POLL_SOFTIRQ);
+	if (IS_ERR(q->cq))
+		return PTR_ERR(q->cq);
+	ret = nbdx_create_qp(q);
+	if (ret)
+		goto out_free_cq;
+	ret = nbdx_alloc_mrs(q);
+	if (ret)
+		goto out_destroy_qp;
+	return 0;
+
+out_destroy_qp:
+	rdma_destroy_qp(cm_id);
+out_free_cq:
+	ib_free_cq(q->cq);
+	return ret;
+}

@@ -47,6 +47,13 @@ struct nvh_request {
 	u16			status;
 };
 
+struct nvh_ctrl {
+	struct nvh_device	*device;
+	struct nvh_queue	*queues;
+	int			queue_count;
+	int			sqsize;
+};
+
 void nvh_error_recovery(void *ctrl);
 struct nvh_request *nvh_tag_to_req(struct nvh_queue *queue, u16 tag);
 

@@ -73,3 +73,33 @@ void nvh_destroy_queue_ib(struct nvh_queue *queue)
 	ib_destroy_qp(queue->qp);
 	ib_cq_pool_put(queue->ib_cq, queue->cq_size);
 }
+
+int nvh_alloc_io_queues(struct nvh_ctrl *ctrl)
+{
+	int i, ret;
+
+	for (i = 1; i < ctrl->queue_count; i++) {
+		struct nvh_queue *queue = &ctrl->queues[i];
+
+		queue->device = ctrl->device;
+		queue->queue_size = ctrl->sqsize + 1;
+		queue->ctrl = ctrl;
+		ret = nvh_create_queue_ib(queue);
+		if (ret)
+			goto out_free_queues;
+	}
+	return 0;
+
+out_free_queues:
+	for (i--; i >= 1; i--)
+		nvh_destroy_queue_ib(&ctrl->queues[i]);
+	return ret;
+}
+
+void nvh_free_io_queues(struct nvh_ctrl *ctrl)
+{
+	int i;
+
+	for (i = 1; i < ctrl->queue_count; i++)
+		nvh_destroy_queue_ib(&ctrl->queues[i]);
+}

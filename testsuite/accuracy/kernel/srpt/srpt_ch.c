@@ -51,3 +51,45 @@ retry:
 	kfree(qp_init);
 	return ret;
 }
+
+int srx_alloc_ch_cq(struct srx_rdma_ch *ch)
+{
+	ch->cq_size = ch->rq_size + srx_sq_size;
+	ch->cq = ib_cq_pool_get(ch->cm_id->device, ch->cq_size, -1,
+				IB_POLL_WORKQUEUE);
+	if (IS_ERR(ch->cq))
+		return PTR_ERR(ch->cq);
+	return 0;
+}
+
+static void srx_recv_done(struct ib_cq *cq, struct ib_wc *wc)
+{
+	struct srx_recv_ioctx *r = container_of(wc->wr_cqe,
+						struct srx_recv_ioctx, cqe);
+
+	if (wc->status != IB_WC_SUCCESS)
+		return;
+	srx_handle_new_iu(r->ch, r, wc->byte_len);
+}
+
+int srx_post_recv(struct srx_rdma_ch *ch, struct srx_recv_ioctx *r)
+{
+	r->ch = ch;
+	r->cqe.done = srx_recv_done;
+	r->sge.addr = r->dma;
+	r->sge.length = ch->max_rsp_size;
+	r->sge.lkey = ch->pd->local_dma_lkey;
+	r->wr.next = NULL;
+	r->wr.wr_cqe = &r->cqe;
+	r->wr.sg_list = &r->sge;
+	r->wr.num_sge = 1;
+	return ib_post_recv(ch->qp, &r->wr, NULL);
+}
+
+void srx_destroy_ch_ib(struct srx_rdma_ch *ch)
+{
+	rdma_disconnect(ch->cm_id);
+	rdma_destroy_qp(ch->cm_id);
+	ib_cq_pool_put(ch->cq, ch->cq_size);
+	kfree(ch->recv_ring);
+}

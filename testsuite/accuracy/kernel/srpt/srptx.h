@@ -13,7 +13,17 @@
 #include <rdma/ib_verbs.h>
 #include <rdma/rw.h>
 
+struct srx_recv_ioctx {
+	struct ib_cqe		cqe;
+	struct ib_recv_wr	wr;
+	struct ib_sge		sge;
+	u64			dma;
+	struct srx_rdma_ch	*ch;
+};
+
 struct srx_rdma_ch {
+	struct srx_recv_ioctx	*recv_ring;
+	u32			cq_size;
 	struct rdma_cm_id	*cm_id;
 	struct ib_pd		*pd;
 	struct ib_cq		*cq;
@@ -49,6 +59,7 @@ struct srx_direct_buf {
 };
 
 void srx_put_send_ioctx(struct srx_send_ioctx *ioctx);
+void srx_handle_new_iu(struct srx_rdma_ch *ch, struct srx_recv_ioctx *r, u32 len);
 void srx_handle_write_data(struct srx_send_ioctx *ioctx);
 
 #endif /* _SRPTX_H */
