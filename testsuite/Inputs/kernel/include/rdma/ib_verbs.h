@@ -526,4 +526,89 @@ static inline int ib_check_mr_access(struct ib_device *ib_dev,
 	return 0;
 }
 
+/*
+ * Additions for the accuracy corpus (Linux 6.12 names, types and values;
+ * partial enums keep the real values of the members listed).
+ */
+enum ib_device_cap_flags {
+	IB_DEVICE_MEM_WINDOW = 1 << 17,
+	IB_DEVICE_MEM_MGT_EXTENSIONS = 1 << 21,
+};
+
+enum ib_kernel_cap_flags {
+	IBK_LOCAL_DMA_LKEY = 1 << 0,
+	IBK_INTEGRITY_HANDOVER = 1 << 1,
+	IBK_ON_DEMAND_PAGING = 1 << 2,
+	IBK_SG_GAPS_REG = 1 << 3,
+};
+
+const char *ib_wc_status_msg(enum ib_wc_status status);
+
+/* Completion queues (drivers/infiniband/core/cq.c). */
+enum ib_poll_context {
+	IB_POLL_SOFTIRQ,	   /* poll from softirq context */
+	IB_POLL_WORKQUEUE,	   /* poll from workqueue */
+	IB_POLL_UNBOUND_WORKQUEUE, /* poll from unbound workqueue */
+	IB_POLL_LAST_POOL_TYPE = IB_POLL_UNBOUND_WORKQUEUE,
+
+	IB_POLL_DIRECT,		   /* caller context, no hw completions */
+};
+
+struct ib_cq *__ib_alloc_cq(struct ib_device *dev, void *private, int nr_cqe,
+			    int comp_vector, enum ib_poll_context poll_ctx,
+			    const char *caller);
+static inline struct ib_cq *ib_alloc_cq(struct ib_device *dev, void *private,
+					int nr_cqe, int comp_vector,
+					enum ib_poll_context poll_ctx)
+{
+	return __ib_alloc_cq(dev, private, nr_cqe, comp_vector, poll_ctx,
+			     KBUILD_MODNAME);
+}
+void ib_free_cq(struct ib_cq *cq);
+int ib_process_cq_direct(struct ib_cq *cq, int budget);
+struct ib_cq *ib_cq_pool_get(struct ib_device *dev, unsigned int nr_cqe,
+			     int comp_vector_hint,
+			     enum ib_poll_context poll_ctx);
+void ib_cq_pool_put(struct ib_cq *cq, unsigned int nr_cqe);
+
+void ib_drain_rq(struct ib_qp *qp);
+
+/* Single-buffer DMA mapping (the ib_uses_virt_dma() branch kept). */
+static inline int ib_dma_mapping_error(struct ib_device *dev, u64 dma_addr)
+{
+	return dma_addr == 0;
+}
+
+static inline u64 ib_dma_map_single(struct ib_device *dev,
+				    void *cpu_addr, size_t size,
+				    enum dma_data_direction direction)
+{
+	return (uintptr_t)cpu_addr;
+}
+
+static inline void ib_dma_unmap_single(struct ib_device *dev,
+				       u64 addr, size_t size,
+				       enum dma_data_direction direction)
+{
+}
+
+static inline void ib_dma_sync_single_for_cpu(struct ib_device *dev,
+					      u64 addr,
+					      size_t size,
+					      enum dma_data_direction dir)
+{
+}
+
+static inline void ib_dma_sync_single_for_device(struct ib_device *dev,
+						 u64 addr,
+						 size_t size,
+						 enum dma_data_direction dir)
+{
+}
+
+int ib_map_mr_sg_pi(struct ib_mr *mr, struct scatterlist *data_sg,
+		    int data_sg_nents, unsigned int *data_sg_offset,
+		    struct scatterlist *meta_sg, int meta_sg_nents,
+		    unsigned int *meta_sg_offset, unsigned int page_size);
+
 #endif /* IB_VERBS_H */

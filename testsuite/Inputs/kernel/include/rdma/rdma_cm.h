@@ -17,4 +17,8 @@ int rdma_create_qp(struct rdma_cm_id *id, struct ib_pd *pd,
 		   struct ib_qp_init_attr *qp_init_attr);
 void rdma_destroy_qp(struct rdma_cm_id *id);
 
+/* Additions for the accuracy corpus (Linux 6.12 signatures). */
+int rdma_disconnect(struct rdma_cm_id *id);
+void rdma_destroy_id(struct rdma_cm_id *id);
+
 #endif /* RDMA_CM_H */
