@@ -155,7 +155,7 @@ void Inventory::collectCalls() {
 /// leaves the code we see)?
 static bool registrationExposes(const TuAnalysis &A, const ApiCall &C) {
   bool Remote = llvm::any_of(Lifecycle::of(A).events(), [&](const LifeEvent &E) {
-    return E.K == LifeEventKind::Expose && E.S == C.Call;
+    return E.K == LifeEventKind::Produce && E.S == C.Call && E.Remote;
   });
   if (!Remote)
     return false;
@@ -215,8 +215,8 @@ bool Inventory::addressesRdma(const ApiCall &C) const {
 /// local side of its own RDMA READ/WRITE.
 SiteRole Inventory::unitRole() const {
   bool Exposes = llvm::any_of(Lifecycle::of(A).events(), [&](const LifeEvent &E) {
-    const FunctionModel *M = A.rules().function(E.What);
-    return E.K == LifeEventKind::Expose && !(M && M->E == Effect::MrRegister);
+    // REG_MR and window binds, not the rkey of a registration leaving.
+    return E.K == LifeEventKind::Expose && E.What != "rkey";
   });
   if (Exposes)
     return SiteRole::Expose;

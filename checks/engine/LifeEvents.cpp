@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "LifeEvents.h"
+#include "Sites.h"
 #include "WorkRequests.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/ParentMap.h"
@@ -152,11 +153,13 @@ public:
       if (C.Model->E == Effect::MrRegister) {
         if (auto Result = A.resultOf(C.Call))
           if (const Expr *Buf = C.arg(ArgRole::Addr))
-            bufferOf(Fn, Buf, slotOf(A, *Result, Fn));
-      } else if (C.Model->E == Effect::MrMap) {
+            bufferOf(Fn, Buf, slotOf(A, *Result, Fn), C.Call);
+      } else if (C.Model->E == Effect::MrMap ||
+                 C.Model->E == Effect::MrReregister) {
         if (auto Slot = handleSlot(Fn, C.arg(ArgRole::Mr)))
-          if (const Expr *Sg = C.arg(ArgRole::Sg))
-            bufferOf(Fn, Sg, *Slot);
+          if (const Expr *Mem = C.arg(C.Model->E == Effect::MrMap ? ArgRole::Sg
+                                                                  : ArgRole::Addr))
+            bufferOf(Fn, Mem, *Slot, C.Call);
       }
     }
   }
@@ -233,8 +236,105 @@ private:
       // A handle returned to the caller is the caller's to release.
       if (auto Slot = handleSlot(Fn, RS->getRetValue()))
         add(event(LifeEventKind::Escape, *Slot, Fn, S, RS->getBeginLoc(), "return"));
+      return;
+    }
+    if (const auto *ME = dyn_cast<MemberExpr>(S))
+      keyRead(Fn, ME);
+  }
+
+  /// `hello.rkey = htonl(mr->rkey)`: the MR's key reaches a peer here.
+  void keyRead(const FunctionDecl *Fn, const MemberExpr *ME) {
+    std::optional<FieldStore> Member = A.classifyMember(ME);
+    if (!Member || Member->Role != FieldRole::Rkey ||
+        Member->Struct->Role != StructRole::Mr || !rkeyReadLeaves(A, Fn, ME))
+      return;
+    KeyLeaves.push_back(
+        event(LifeEventKind::Expose, slotOf(A, Member->Object, Fn), Fn, ME,
+              ME->getBeginLoc(), "rkey"));
+  }
+
+public:
+  /// `mr = ulp_get_mr(conn)`: a helper that returns a handle it produced
+  /// and kept nowhere else produces it here. One that returns a handle it
+  /// also stored (a cache entry) does not.
+  void produceFromHelpers() {
+    for (const auto &[Fn, CE, Callee, Result] : HelperResults) {
+      std::optional<LifeEvent> Fresh = freshReturn(Callee, 0);
+      if (!Fresh)
+        continue;
+      LifeEvent E = event(LifeEventKind::Produce, slotOf(A, Result, Fn), Fn, CE,
+                          CE->getBeginLoc(), Callee->getName());
+      E.Stable = stable(Fn, Result);
+      E.Reusable = Fresh->Reusable;
+      E.By = Fresh->By;
+      E.Window = Fresh->Window;
+      E.Remote = Fresh->Remote;
+      E.Binding = CE;
+      add(E);
     }
   }
+
+  /// The Produce whose handle \p Fn returns, if the handle is fresh: the
+  /// result of a registration returned as is, or held in a local of \p Fn
+  /// that nothing stores elsewhere.
+  std::optional<LifeEvent> freshReturn(const FunctionDecl *Fn, unsigned Depth) {
+    if (Depth > budget::SummaryDepth)
+      return std::nullopt;
+    for (const ApiCall &C : A.calls()) {
+      if (C.Caller != Fn)
+        continue;
+      Effect E = C.Model->E;
+      if (E != Effect::MrRegister && E != Effect::MrAlloc &&
+          E != Effect::MrPoolGet && E != Effect::MwAlloc)
+        continue;
+      const auto *RS = dyn_cast_or_null<ReturnStmt>(
+          A.flow(Fn).parents().getParentIgnoreParenCasts(C.Call));
+      if (!RS)
+        continue;
+      LifeEvent P;
+      P.By = E;
+      P.Reusable = E != Effect::MrRegister;
+      P.Window = E == Effect::MwAlloc;
+      P.Remote = E == Effect::MrRegister && remote(Fn, C);
+      return P;
+    }
+    for (const LifeEvent &E : L.Events) {
+      if (E.Fn != Fn || E.K != LifeEventKind::Escape || E.What != "return")
+        continue;
+      if (!E.Slot.isLocal() || isa<ParmVarDecl>(E.Slot.variable()))
+        continue;
+      const LifeEvent *Produce = nullptr;
+      bool Kept = false;
+      for (const LifeEvent &O : L.Events) {
+        if (O.Fn != Fn || O.Slot != E.Slot)
+          continue;
+        if (O.K == LifeEventKind::Produce)
+          Produce = &O;
+        else if (O.K == LifeEventKind::Escape && O.What != "return")
+          Kept = true;
+      }
+      if (Produce && !Kept)
+        return *Produce;
+    }
+    return std::nullopt;
+  }
+
+  /// An rkey that leaves exposes MRs registered with remote rights, and
+  /// shared MRs registered in another unit.
+  void exposeLeavingKeys() {
+    for (LifeEvent &E : KeyLeaves) {
+      bool Remote = false, Produced = false;
+      for (const LifeEvent &P : L.Events)
+        if (P.K == LifeEventKind::Produce && P.Slot == E.Slot) {
+          Produced = true;
+          Remote |= P.Remote || P.By != Effect::MrRegister;
+        }
+      if (Remote || (!Produced && E.Slot.isShared()))
+        add(std::move(E));
+    }
+  }
+
+private:
 
   void modelled(const FunctionDecl *Fn, const ApiCall &C) {
     const CallExpr *CE = C.Call;
@@ -245,6 +345,7 @@ private:
       if (auto Slot = handleSlot(Fn, C.arg(Role), &Window)) {
         LifeEvent E = event(K, *Slot, Fn, CE, Loc, Name);
         E.Window = Window;
+        E.Stable = stable(Fn, *locationOf(C.arg(Role)));
         add(E);
       }
     };
@@ -262,11 +363,22 @@ private:
       E.Reusable = C.Model->E != Effect::MrRegister;
       E.By = C.Model->E;
       E.Window = C.Model->E == Effect::MwAlloc;
+      // A registration with remote rights is exposed where its rkey leaves
+      // (keyLeaves): a key nobody learns opens nothing.
+      E.Remote = C.Model->E == Effect::MrRegister && remote(Fn, C);
+      E.Lazy = lazy(Fn, CE, *Result);
+      E.Binding = CE;
       add(E);
-      if (C.Model->E == Effect::MrRegister && remote(Fn, C))
-        add(event(LifeEventKind::Expose, Slot, Fn, CE, Loc, Name));
       break;
     }
+    case Effect::MrMap:
+    case Effect::MrReregister:
+      if (auto Slot = handleSlot(Fn, C.arg(ArgRole::Mr))) {
+        LifeEvent E = event(LifeEventKind::Bind, *Slot, Fn, CE, Loc, Name);
+        E.Binding = CE;
+        add(E);
+      }
+      break;
     case Effect::MrDeregister:
     case Effect::MwDealloc:
       On(LifeEventKind::Deregister, C.Model->E == Effect::MwDealloc ? ArgRole::Mw : ArgRole::Mr);
@@ -284,8 +396,11 @@ private:
       if (C.Model->Op == Opcode::BindMw)
         On(LifeEventKind::Expose, ArgRole::Mw);
       if (C.Model->Op == Opcode::LocalInv)
-        if (auto Slot = Keys.keySlot(Fn, C.arg(ArgRole::InvalidateRkey)))
-          add(event(LifeEventKind::InvalidatePost, *Slot, Fn, CE, Loc, Name));
+        if (auto Slot = Keys.keySlot(Fn, C.arg(ArgRole::InvalidateRkey))) {
+          LifeEvent E = event(LifeEventKind::InvalidatePost, *Slot, Fn, CE, Loc, Name);
+          extendedPost(C, E);
+          add(E);
+        }
       break;
     case Effect::DmaUnmap:
     case Effect::BufferFree:
@@ -340,9 +455,54 @@ private:
     return true;
   }
 
+  /// A work request of the extended API happens at the ibv_wr_complete()
+  /// that posts it, signaled as the QP's wr_flags say.
+  void extendedPost(const ApiCall &Op, LifeEvent &E) {
+    for (const PostSite &P : W.posts()) {
+      if (P.Fn != Op.Caller || P.Call->Model->E != Effect::WrxComplete ||
+          !A.sources().isBeforeInTranslationUnit(Op.Call->getBeginLoc(),
+                                                 P.Call->Call->getBeginLoc()))
+        continue;
+      E.Post = P.Call->Call;
+      for (const WrSlot &S : P.Chain)
+        if (S.Key.Api == Op.Model)
+          E.Signaled = S.Signal != WrSlot::Never;
+      return;
+    }
+  }
+
+  /// `if (!buf->mr) buf->mr = ibv_reg_mr(...)`: registered once, on first
+  /// use, then kept: a cache.
+  bool lazy(const FunctionDecl *Fn, const Stmt *Call, const Location &Result) {
+    const ParentMap &PM = A.flow(Fn).parents();
+    Location R = A.flow(Fn).resolve(Result);
+    const Stmt *Child = Call;
+    for (const Stmt *P = PM.getParent(Call); P; Child = P, P = PM.getParent(P)) {
+      const auto *If = dyn_cast<IfStmt>(P);
+      if (!If || If->getCond() == Child)
+        continue;
+      bool Found = false;
+      std::function<void(const Stmt *)> Scan = [&](const Stmt *S) {
+        if (const auto *E = dyn_cast_or_null<Expr>(S))
+          if (auto L = locationOf(E); L && A.flow(Fn).resolve(*L) == R)
+            Found = true;
+        if (S)
+          for (const Stmt *Sub : S->children())
+            Scan(Sub);
+      };
+      Scan(If->getCond());
+      if (Found)
+        return true;
+    }
+    return false;
+  }
+
   bool remote(const FunctionDecl *Fn, const ApiCall &C) {
     uint64_t Remote = A.flagBit(Flag::RemoteWrite) | A.flagBit(Flag::RemoteRead) |
                       A.flagBit(Flag::RemoteAtomic);
+    for (Flag F : C.Model->ImplicitAccess) // rdma_reg_write()
+      if (A.flagBit(F) & Remote)
+        return true;
     const Expr *Access = C.arg(ArgRole::Access);
     if (!Access)
       return false;
@@ -354,9 +514,26 @@ private:
 
   /// Remembers the memory behind a handle (ibv_reg_mr's addr, the sg list
   /// given to ib_map_mr_sg) to recognise its unmap or free later.
-  void bufferOf(const FunctionDecl *Fn, const Expr *Buf, const SlotKey &Slot) {
-    if (auto Loc = locationOf(Buf))
-      Buffers.push_back({*Loc, Fn, Slot});
+  void bufferOf(const FunctionDecl *Fn, const Expr *Buf, const SlotKey &Slot,
+                const Stmt *Binding) {
+    if (auto Loc = memoryOf(Buf))
+      Buffers.push_back({*Loc, Fn, Slot, Binding});
+  }
+
+  /// The storage a pointer into memory names: `buf`, `b->host + off`,
+  /// `&ring[i]`, `(void *)(uintptr_t)p` all name their base.
+  static std::optional<Location> memoryOf(const Expr *E) {
+    E = stripExpr(E);
+    if (const auto *BO = dyn_cast_or_null<BinaryOperator>(E))
+      if (BO->isAdditiveOp())
+        return memoryOf(BO->getLHS()->getType()->isPointerType() ||
+                                BO->getLHS()->getType()->isIntegerType()
+                            ? BO->getLHS()
+                            : BO->getRHS());
+    std::optional<Location> L = locationOf(E);
+    while (L && !L->Steps.empty() && !L->Steps.back().Field)
+      L->Steps.pop_back(); // an element of the buffer is the buffer
+    return L;
   }
 
   /// A DMA unmap or free: of a buffer behind a handle, or of the struct that
@@ -365,42 +542,27 @@ private:
                 StringRef Name, bool EntryOfContainer = false) {
     if (!Arg)
       return;
-    std::optional<Location> Freed = locationOf(Arg);
+    std::optional<Location> Freed = EntryOfContainer ? locationOf(Arg) : memoryOf(Arg);
     if (!Freed)
       return;
     if (EntryOfContainer && !Freed->Steps.empty())
       Freed->Steps.pop_back(); // &req->node: the request
-    for (const auto &[Buf, BufFn, Slot] : Buffers)
-      if (A.sameStorage(*Freed, Fn, Buf, BufFn))
-        add(event(LifeEventKind::BufferRelease, Slot, Fn, CE, CE->getBeginLoc(),
-                  Name));
+    for (const auto &[Buf, BufFn, Slot, Binding] : Buffers)
+      if (A.sameStorage(*Freed, Fn, Buf, BufFn)) {
+        LifeEvent E = event(LifeEventKind::BufferRelease, Slot, Fn, CE,
+                            CE->getBeginLoc(), Name);
+        E.Binding = Binding;
+        E.Stable = stable(Fn, *Freed);
+        add(E);
+      }
     // Handles stored inside the freed struct go with it.
     Location Container = A.flow(Fn).resolve(*Freed);
-    for (const SlotKey &Slot : handleSlotsWithin(Fn, Container))
-      add(event(LifeEventKind::ContainerRelease, Slot, Fn, CE, CE->getBeginLoc(),
-                Name));
-  }
-
-  /// `mr = ulp_get_mr(conn)`: a helper that returns a handle it produced
-  /// produces it here.
-  void freshFromHelper(const FunctionDecl *Fn, const CallExpr *CE,
-                       const FunctionDecl *Callee) {
-    std::optional<Location> Result = A.resultOf(CE);
-    if (!Result || !isHandleType(A, Callee->getReturnType()))
-      return;
-    std::vector<const ApiCall *> Producers = A.returnedProducers(
-        Callee, {Effect::MrRegister, Effect::MrAlloc, Effect::MrPoolGet,
-                 Effect::MwAlloc});
-    if (Producers.empty())
-      return;
-    const ApiCall &P = *Producers.front();
-    LifeEvent E = event(LifeEventKind::Produce, slotOf(A, *Result, Fn), Fn, CE,
-                        CE->getBeginLoc(), Callee->getName());
-    E.Stable = stable(Fn, *Result);
-    E.Reusable = P.Model->E != Effect::MrRegister;
-    E.By = P.Model->E;
-    E.Window = P.Model->E == Effect::MwAlloc;
-    add(E);
+    for (const SlotKey &Slot : handleSlotsWithin(Fn, Container)) {
+      LifeEvent E = event(LifeEventKind::ContainerRelease, Slot, Fn, CE,
+                          CE->getBeginLoc(), Name);
+      E.Stable = stable(Fn, *Freed);
+      add(E);
+    }
   }
 
   /// Slots of handles the unit stores inside \p Container.
@@ -437,7 +599,8 @@ private:
                           CE->getBeginLoc(), Def->getName());
       E.Callee = Def;
       add(E);
-      freshFromHelper(Fn, CE, Def);
+      if (auto Result = A.resultOf(CE); Result && isHandleType(A, Def->getReturnType()))
+        HelperResults.push_back({Fn, CE, Def, *Result});
       return;
     }
     for (const Expr *Arg : CE->arguments())
@@ -534,7 +697,12 @@ private:
   const WorkRequests &W;
   llvm::DenseMap<const CallExpr *, const ApiCall *> CallModel;
   llvm::DenseMap<const CallExpr *, const PostSite *> Posts;
-  std::vector<std::tuple<Location, const FunctionDecl *, SlotKey>> Buffers;
+  std::vector<std::tuple<Location, const FunctionDecl *, SlotKey, const Stmt *>>
+      Buffers;
+  std::vector<LifeEvent> KeyLeaves;
+  std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *,
+                         Location>>
+      HelperResults;
   CompletionFields Fields;
   KeyTracker Keys;
 };
@@ -545,6 +713,8 @@ void extractEvents(Lifecycle &L) {
     B.findBuffers(Fn);
   for (const FunctionDecl *Fn : L.A.functions())
     B.extract(Fn);
+  B.produceFromHelpers();
+  B.exposeLeavingKeys();
   B.destroyPools();
 }
 

@@ -80,10 +80,14 @@ struct PathState {
   /// A helper returned an error still holding a handle it produced: the
   /// caller releases it, or the helper leaked it.
   const LifeIncident *Pending = nullptr;
+  /// The registration or mapping that put the current memory behind the
+  /// handle (null: not known here).
+  const Stmt *Bound = nullptr;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
-                    Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending);
+                    Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
+                    Bound);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -499,6 +503,10 @@ private:
       S = PathState();
       S.L = Life::Live;
       S.Produced = &E;
+      S.Bound = E.Binding;
+      break;
+    case LifeEventKind::Bind:
+      S.Bound = E.Binding;
       break;
     case LifeEventKind::Expose:
       remember(S, E);
@@ -559,7 +567,18 @@ private:
     return S.Produced && S.Produced != &EntryMarker;
   }
 
+  /// A handle produced here that nothing else keeps: not a cache entry
+  /// filled on first use.
+  static bool ownFresh(const PathState &S) {
+    return ownProduced(S) && !S.Produced->Lazy;
+  }
+
   void release(Walk &W, const LifeEvent &E, PathState &S) {
+    // Memory that is no longer (or never was, on this path) behind the
+    // handle: `ibv_rereg_mr()` moved it, or another buffer was mapped.
+    if (E.K == LifeEventKind::BufferRelease && S.Bound && E.Binding &&
+        S.Bound != E.Binding)
+      return;
     auto &[Invalidated, Bare] = W.Releases[&E];
     if (holds(S.L) || S.L == Life::Unknown)
       LC.Holding.insert(&E);
@@ -607,7 +626,7 @@ private:
   /// An unwinding loop over an array of handles (`while (i--)
   /// ibv_dereg_mr(mr[i])`) releases every element, however often it runs.
   void loopReleases(Walk &W, const Stmt *Loop, PathState &S) {
-    if (!W.Slot.isElement() || !holds(S.L))
+    if (!holds(S.L))
       return;
     if (!isa<ForStmt>(Loop) && !isa<WhileStmt>(Loop) && !isa<DoStmt>(Loop))
       return;
@@ -632,8 +651,10 @@ private:
       if (E.Fn != W.Fn || !E.S ||
           !SM.isPointWithin(E.S->getBeginLoc(), Body.getBegin(), Body.getEnd()))
         continue;
+      // Named through the loop's index (`mrs[i]`, a cursor): each round
+      // releases another one.
       if ((E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release) &&
-          E.Slot == W.Slot)
+          E.Slot == W.Slot && !E.Stable)
         Found = &E;
       if (E.K == LifeEventKind::Call && callReleases(W, E))
         Found = &E;
@@ -937,7 +958,7 @@ private:
       X.S.ErrorBranch = nullptr;
       // A handle this helper produced and still holds on an error return:
       // its caller may release it; if not, the helper leaked it.
-      if (Error && W.Slot.isShared() && holds(S.L) && ownProduced(S) &&
+      if (Error && W.Slot.isShared() && holds(S.L) && ownFresh(S) &&
           !S.Pending)
         X.S.Pending = latent(leak(W, RS, S));
       if (!llvm::any_of(W.R.Exits, [&](const Exit &O) {
@@ -955,7 +976,7 @@ private:
     }
     // A shared slot keeps its handle for later; only an error return
     // abandons it.
-    if (Error && (S.Pending || ownProduced(S)))
+    if (Error && (S.Pending || ownFresh(S)))
       addIncident(W, S.Pending ? *S.Pending : leak(W, RS, S));
   }
 

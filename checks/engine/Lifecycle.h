@@ -44,6 +44,7 @@ enum class LifeEventKind {
   Escape,           // the handle goes to code the analysis cannot see
   Wait,             // the function waits for a completion
   Call,             // a helper of this unit runs: its summary applies
+  Bind,             // memory is put behind the handle (map, rereg, window bind)
 };
 
 struct LifeEvent {
@@ -57,6 +58,11 @@ struct LifeEvent {
   bool Reusable = false;   // Produce: pool get / fast-registration MR
   Effect By = Effect::None; // Produce: the call's effect (mr.pool_get, ...)
   bool Stable = true;       // the handle names one object each time (no a[i])
+  bool Remote = false;      // Produce: registered with remote rights
+  bool Lazy = false;        // Produce: only when the slot is empty (a cache)
+  /// BufferRelease: the registration or mapping that put this memory
+  /// behind the handle; Produce / Bind: the call itself.
+  const clang::Stmt *Binding = nullptr;
   bool Window = false;     // the handle is a memory window
   std::string What;        // API in messages: "ib_mr_pool_put", "kfree"
   const clang::Stmt *Via = nullptr; // a helper call the event comes from

@@ -274,30 +274,109 @@ static const Stmt *useContext(const ParentMap &PM, const Stmt *&Child) {
   return P;
 }
 
-/// Does this read of an MR's rkey hand the key to anyone? Comparisons,
-/// invalidations, key rotation and the REG_MR key field keep it local.
-static bool rkeyReadLeaves(const TuAnalysis &A, const FunctionDecl *Fn,
-                           const Expr *Read) {
-  const Stmt *Child = Read;
-  const Stmt *P = useContext(A.flow(Fn).parents(), Child);
-  if (const auto *BO = dyn_cast_or_null<BinaryOperator>(P)) {
-    if (BO->isComparisonOp())
-      return false;
-    if (BO->isAssignmentOp() && BO->getRHS() == Child)
-      if (auto Target = A.classifyMember(BO->getLHS()))
-        return Target->Role != FieldRole::InvalidateRkey && Target->Role != FieldRole::RegKey;
-    return true;
-  }
+namespace {
+constexpr unsigned KeyFollowDepth = 3;
+
+/// A value is the key itself, a byte-swapped or cast copy of it.
+bool transparent(const Stmt *P) {
   if (const auto *CE = dyn_cast_or_null<CallExpr>(P))
-    if (const FunctionModel *M = A.modelOf(CE))
-      return M->E != Effect::RkeyIncrement && M->E != Effect::RkeyRotate;
+    if (const FunctionDecl *F = CE->getDirectCallee())
+      return F->getBuiltinID() != 0; // __builtin_bswap32 (htonl, cpu_to_be32)
+  return isa_and_nonnull<ParenExpr>(P) || isa_and_nonnull<CastExpr>(P);
+}
+
+bool readsLeave(const TuAnalysis &A, const FunctionDecl *Fn,
+                const ValueDecl *Var, unsigned Depth);
+
+/// Does the key value \p Read (an rkey, or a copy of one) reach anyone
+/// outside: a message, a descriptor, a function of another unit?
+/// Comparisons, invalidations, rotations and REG_MR's key field keep it
+/// local; copies into locals and helpers' parameters are followed.
+bool keyLeaves(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *Read,
+               unsigned Depth) {
+  if (Depth > KeyFollowDepth)
+    return true;
+  const ParentMap &PM = A.flow(Fn).parents();
+  const Stmt *Child = Read;
+  const Stmt *P = PM.getParent(Child);
+  while (transparent(P)) {
+    Child = P;
+    P = PM.getParent(P);
+  }
   if (!P)
     return false;
+  if (const auto *BO = dyn_cast<BinaryOperator>(P)) {
+    if (BO->isComparisonOp() || BO->isLogicalOp())
+      return false;
+    if (!BO->isAssignmentOp() || BO->getRHS() != Child)
+      return BO->isAssignmentOp() ? false : keyLeaves(A, Fn, BO, Depth + 1);
+    if (auto Target = A.classifyMember(BO->getLHS()))
+      if (Target->Role == FieldRole::InvalidateRkey ||
+          Target->Role == FieldRole::RegKey)
+        return false;
+    if (auto L = locationOf(BO->getLHS()); L && L->Steps.empty() &&
+                                           !L->Root->getType()->isPointerType() &&
+                                           !cast<VarDecl>(L->Root)->hasGlobalStorage())
+      return readsLeave(A, Fn, L->Root, Depth + 1);
+    return true; // into a struct: a message, a descriptor, a holder
+  }
+  if (const auto *DS = dyn_cast<DeclStmt>(P)) {
+    for (const Decl *D : DS->decls())
+      if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getInit() &&
+                                                 VD->isLocalVarDecl())
+        return readsLeave(A, Fn, VD, Depth + 1);
+    return true;
+  }
+  if (const auto *CE = dyn_cast<CallExpr>(P)) {
+    unsigned Index = 0;
+    while (Index < CE->getNumArgs() && CE->getArg(Index) != Child)
+      ++Index;
+    if (const FunctionModel *M = A.modelOf(CE)) {
+      if (M->E == Effect::RkeyIncrement || M->E == Effect::RkeyRotate)
+        return false;
+      return M->arg(ArgRole::InvalidateRkey) != Index;
+    }
+    const FunctionDecl *Callee = CE->getDirectCallee();
+    const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
+    if (Def && llvm::is_contained(A.functions(), Def) &&
+        Index < Def->getNumParams())
+      return readsLeave(A, Def, Def->getParamDecl(Index), Depth + 1);
+    return true;
+  }
+  if (isa<IfStmt>(P) || isa<WhileStmt>(P) || isa<UnaryOperator>(P) ||
+      isa<SwitchStmt>(P))
+    return false;
+  if (isa<ConditionalOperator>(P))
+    return keyLeaves(A, Fn, cast<Expr>(P), Depth + 1);
   // Designated initializers of a work request field fall here too.
   for (const FieldStore &S : A.stores())
     if (S.Value == Child)
       return S.Role != FieldRole::InvalidateRkey && S.Role != FieldRole::RegKey;
-  return true;
+  return true; // returned, put in an aggregate, ...
+}
+
+/// Does any read of local \p Var in \p Fn let the key leave?
+bool readsLeave(const TuAnalysis &A, const FunctionDecl *Fn,
+                const ValueDecl *Var, unsigned Depth) {
+  Location L;
+  L.Root = Var;
+  for (const TuAnalysis::Use &U : A.usesOf(L, Fn)) {
+    const Stmt *P = A.flow(U.Fn).parents().getParent(U.E);
+    if (const auto *BO = dyn_cast_or_null<BinaryOperator>(P);
+        BO && BO->isAssignmentOp() && BO->getLHS() == U.E)
+      continue; // written, not read
+    if (const auto *ICE = dyn_cast_or_null<ImplicitCastExpr>(P);
+        ICE && ICE->getCastKind() == CK_LValueToRValue)
+      if (keyLeaves(A, U.Fn, ICE, Depth))
+        return true;
+  }
+  return false;
+}
+} // namespace
+
+bool rkeyReadLeaves(const TuAnalysis &A, const FunctionDecl *Fn,
+                    const Expr *Read) {
+  return keyLeaves(A, Fn, Read, 0);
 }
 
 /// Can the rkey of the MR stored in \p Region reach a peer, or code the

@@ -61,6 +61,13 @@ std::vector<ReadSink> readSinks(const TuAnalysis &A);
 /// Local memory of RDMA READs and WRITEs (sinks and sources).
 std::vector<ReadSink> rdmaLocalBuffers(const TuAnalysis &A);
 
+/// Does this read of an MR's rkey (`mr->rkey`) hand the key to anyone: a
+/// message, a descriptor, a function of another unit? Comparisons,
+/// invalidations and rotations keep it local; copies into locals and
+/// helpers' parameters are followed.
+bool rkeyReadLeaves(const TuAnalysis &A, const clang::FunctionDecl *Fn,
+                    const clang::Expr *Read);
+
 /// Can the rkey of the MR stored in \p Region (as named in \p Fn) reach a
 /// peer, or code the analysis cannot see? Comparisons, invalidations, key
 /// rotation and the MR's own fast registration keep it local.
