@@ -20,12 +20,12 @@ static std::string releaseText(const LifeEvent &E) {
 
 void InvalidationLeakCheck::run(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
-  std::set<const LifeEvent *> Reported;
+  std::set<std::pair<const LifeEvent *, const Stmt *>> Reported;
   for (const LifeIncident &I : L.incidents()) {
     if (I.K != LifeIncident::ReleaseWhileExposed &&
         I.K != LifeIncident::ReleaseSkipsInvalidation)
       continue;
-    if (!Reported.insert(I.At).second)
+    if (!Reported.insert({I.At, I.Anchor}).second)
       continue;
     std::string Msg =
         I.K == LifeIncident::ReleaseWhileExposed
@@ -35,25 +35,32 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
             : releaseText(*I.At) + " a memory region without invalidating its "
                                    "rkey on some paths, while other paths of this "
                                    "function invalidate it first";
-    report(A, I.At->Loc, Msg + "; the peer keeps access to memory that is "
-                               "handed back");
+    report(A, I.loc(), Msg + "; the peer keeps access to memory that is "
+                             "handed back");
+    if (I.Anchor)
+      note(A, I.At->Loc, "released here, in '" + I.At->Fn->getNameAsString() + "'");
     if (I.Exposed)
       note(A, I.Exposed->Loc,
            "rkey handed to the peer here (" + I.Exposed->What + ")");
     if (I.ErrorBranch)
       note(A, I.ErrorBranch->getBeginLoc(), "error path taken here");
   }
-  // A slot released without invalidation anywhere: pooled MRs keep their
-  // key until someone invalidates it.
+  reportAcrossUnits(A, L);
+}
+
+/// A release in a unit that never exposes the slot, of a slot another unit
+/// exposes and nobody invalidates: only the whole program can tell.
+void InvalidationLeakCheck::reportAcrossUnits(const TuAnalysis &A,
+                                              const Lifecycle &L) {
   std::set<SlotKey> Done;
   for (const LifeEvent &E : L.events()) {
     bool Buffer = E.K == LifeEventKind::BufferRelease;
     if ((E.K != LifeEventKind::Release && E.K != LifeEventKind::ContainerRelease &&
          !Buffer) ||
-        E.Via || Reported.count(&E) || !E.Slot.isShared() ||
-        !L.releasesHeld(&E) || !Done.insert(E.Slot).second)
+        !E.Slot.isShared() || !L.releasesHeld(&E) || !Done.insert(E.Slot).second)
       continue;
-    if (L.has(E.Slot, LifeEventKind::InvalidatePost) ||
+    if (L.has(E.Slot, LifeEventKind::Expose) ||
+        L.has(E.Slot, LifeEventKind::InvalidatePost) ||
         L.has(E.Slot, LifeEventKind::InvalidateRemote))
       continue;
     // Freeing the memory of an MR that is deregistered somewhere is a
@@ -66,16 +73,10 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
                       "remote invalidation" +
                       (Buffer ? std::string(", no deregistration") : "") +
                       "); the peer keeps access to memory that is handed back";
-    // Another file may invalidate (or, for freed memory, deregister) it.
     std::string Invalidates = Lifecycle::fact(
         Buffer ? FactKind::Deregisters : FactKind::Invalidates, E.Slot);
-    if (const LifeEvent *Exposed = L.first(E.Slot, LifeEventKind::Expose)) {
-      reportUnless(A, E.Loc, Msg, Invalidates);
-      note(A, Exposed->Loc, "rkey handed to the peer here (" + Exposed->What + ")");
-    } else {
-      reportIfProgram(A, E.Loc, Msg, {Lifecycle::fact(FactKind::Exposes, E.Slot)},
-                      {Invalidates});
-    }
+    reportIfProgram(A, E.Loc, Msg, {Lifecycle::fact(FactKind::Exposes, E.Slot)},
+                    {Invalidates});
   }
 }
 

@@ -15,6 +15,9 @@ public:
 protected:
   void run(const TuAnalysis &A) override;
   bool ulpOnly() const override { return true; }
+
+private:
+  void reportAcrossUnits(const TuAnalysis &A, const class Lifecycle &L);
 };
 
 } // namespace ulplint

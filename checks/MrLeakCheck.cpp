@@ -27,7 +27,7 @@ void MrLeakCheck::run(const TuAnalysis &A) {
       if (I.ErrorBranch)
         note(A, I.ErrorBranch->getBeginLoc(), "error path taken here");
     } else if (I.K == LifeIncident::LeakOverwrite) {
-      report(A, I.At->Loc,
+      report(A, I.loc(),
              I.At->K == LifeEventKind::ContainerRelease
                  ? "'" + I.At->What + "' frees the struct that still holds a " +
                        What + From + "; it leaks"

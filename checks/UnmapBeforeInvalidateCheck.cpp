@@ -13,7 +13,7 @@ void UnmapBeforeInvalidateCheck::run(const TuAnalysis &A) {
       continue;
     std::string How = I.Invalidation->Signaled ? "a LOCAL_INV that nothing waits for"
                                                : "an unsignaled LOCAL_INV";
-    report(A, I.At->Loc,
+    report(A, I.loc(),
            "'" + I.At->What + "' runs right after posting " + How +
                "; until the invalidation completes the peer can still access "
                "the memory being released");

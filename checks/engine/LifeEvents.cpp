@@ -223,8 +223,11 @@ private:
       else
         helperOrUnknown(Fn, CE);
       auto Post = Posts.find(CE);
-      if (Post != Posts.end())
+      if (Post != Posts.end()) {
+        add(event(LifeEventKind::Post, SlotKey(), Fn, CE, CE->getBeginLoc(),
+                  Post->second->Call->Model->Name));
         posted(Fn, *Post->second);
+      }
       return;
     }
     if (const auto *BO = dyn_cast<BinaryOperator>(S)) {
@@ -242,15 +245,21 @@ private:
       keyRead(Fn, ME);
   }
 
-  /// `hello.rkey = htonl(mr->rkey)`: the MR's key reaches a peer here.
+  /// `hello.rkey = htonl(mr->rkey)`: the MR's key goes into a message,
+  /// and reaches the peer with the next post; `send_key(peer, mr->rkey)`
+  /// hands it to code of another unit at once.
   void keyRead(const FunctionDecl *Fn, const MemberExpr *ME) {
     std::optional<FieldStore> Member = A.classifyMember(ME);
     if (!Member || Member->Role != FieldRole::Rkey ||
-        Member->Struct->Role != StructRole::Mr || !rkeyReadLeaves(A, Fn, ME))
+        Member->Struct->Role != StructRole::Mr)
       return;
-    KeyLeaves.push_back(
-        event(LifeEventKind::Expose, slotOf(A, Member->Object, Fn), Fn, ME,
-              ME->getBeginLoc(), "rkey"));
+    KeyUse Use = rkeyUse(A, Fn, ME);
+    if (Use == KeyUse::Local)
+      return;
+    KeyLeaves.push_back(event(Use == KeyUse::Staged ? LifeEventKind::KeyStaged
+                                                    : LifeEventKind::Expose,
+                              slotOf(A, Member->Object, Fn), Fn, ME,
+                              ME->getBeginLoc(), "rkey"));
   }
 
 public:
@@ -327,7 +336,7 @@ public:
       for (const LifeEvent &P : L.Events)
         if (P.K == LifeEventKind::Produce && P.Slot == E.Slot) {
           Produced = true;
-          Remote |= P.Remote || P.By != Effect::MrRegister;
+          Remote |= P.Remote; // fast-registration MRs get rights from REG_MR
         }
       if (Remote || (!Produced && E.Slot.isShared()))
         add(std::move(E));

@@ -83,11 +83,16 @@ struct PathState {
   /// The registration or mapping that put the current memory behind the
   /// handle (null: not known here).
   const Stmt *Bound = nullptr;
+  /// The rkey went into a message that the next post sends.
+  const LifeEvent *Staged = nullptr;
+  /// An invalidation incident was reported on this path already: one
+  /// finding per missing invalidation, not one per later release.
+  bool Reported = false;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
-                    Bound);
+                    Bound, Staged, Reported);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -326,6 +331,21 @@ private:
     LC.Incidents.push_back(I);
   }
 
+  /// Does the incident depend on the state its function was entered in?
+  static bool fromEntry(const LifeIncident &I) {
+    switch (I.K) {
+    case LifeIncident::ReleaseWhileExposed:
+    case LifeIncident::ReleaseAfterMismatch:
+      return I.Exposed == &EntryMarker;
+    case LifeIncident::ReleaseBeforeInvalidated:
+      return I.Invalidation == &EntryMarker;
+    case LifeIncident::LeakOverwrite:
+      return I.Produced == &EntryMarker;
+    default:
+      return false;
+    }
+  }
+
   static LifeIncident boundIncident(LifeIncident I, const PathState &Caller,
                                     const Stmt *Via) {
     I.Produced = bind(I.Produced, Caller.Produced, &EntryMarker);
@@ -345,6 +365,8 @@ private:
     X.ErrorBranch = Caller.ErrorBranch;
     X.Mismatch = X.Mismatch ? X.Mismatch : Caller.Mismatch;
     X.Pending = X.Pending ? X.Pending : Caller.Pending;
+    X.Staged = X.Staged ? X.Staged : Caller.Staged;
+    X.Reported = X.Reported || Caller.Reported;
     return X;
   }
 
@@ -494,6 +516,16 @@ private:
       S.Waited = true;
       return;
     }
+    if (E.K == LifeEventKind::Post) {
+      // The message carrying a staged key goes out with this post.
+      if (S.Staged && S.L == Life::Live) {
+        remember(S, E);
+        S.L = Life::Exposed;
+        S.Exposed = S.Staged;
+      }
+      S.Staged = nullptr;
+      return;
+    }
     if (E.Slot != W.Slot)
       return;
     switch (E.K) {
@@ -507,6 +539,10 @@ private:
       break;
     case LifeEventKind::Bind:
       S.Bound = E.Binding;
+      break;
+    case LifeEventKind::KeyStaged:
+      if (S.L == Life::Live)
+        S.Staged = &E;
       break;
     case LifeEventKind::Expose:
       remember(S, E);
@@ -548,15 +584,17 @@ private:
     case LifeEventKind::Rotate:
     case LifeEventKind::Wait:
     case LifeEventKind::Call:
+    case LifeEventKind::Post:
       break;
     }
   }
 
   /// A post's effect is undone on the branch that finds the post failed.
   static void remember(PathState &S, const LifeEvent &E) {
-    if (!E.Post)
+    const Stmt *Post = E.K == LifeEventKind::Post ? E.S : E.Post;
+    if (!Post)
       return;
-    S.Tag = E.Post;
+    S.Tag = Post;
     S.Outcome = 0;
     S.Undo = S.L;
     S.UndoExposed = S.Exposed;
@@ -584,13 +622,17 @@ private:
       LC.Holding.insert(&E);
     switch (S.L) {
     case Life::Exposed:
-      incident(W, S.Mismatch ? LifeIncident::ReleaseAfterMismatch
-                             : LifeIncident::ReleaseWhileExposed,
-               &E, S);
+      if (!S.Reported)
+        incident(W, S.Mismatch ? LifeIncident::ReleaseAfterMismatch
+                               : LifeIncident::ReleaseWhileExposed,
+                 &E, S);
+      S.Reported = true;
       break;
     case Life::InvalPosted:
-      if (!S.Waited && S.Inval != &EntryMarker)
+      if (!S.Waited && S.Inval != &EntryMarker && !S.Reported) {
         incident(W, LifeIncident::ReleaseBeforeInvalidated, &E, S);
+        S.Reported = true;
+      }
       Invalidated = true;
       break;
     case Life::Claimed:
@@ -603,7 +645,7 @@ private:
       break;
     case Life::Live:
       // The holder of a live handle freed: the handle leaks with it.
-      if (E.K == LifeEventKind::ContainerRelease && ownProduced(S))
+      if (E.K == LifeEventKind::ContainerRelease && S.Produced)
         incident(W, LifeIncident::LeakOverwrite, &E, S);
       break;
     default:
@@ -690,8 +732,16 @@ private:
       return;
     }
     const Result &R = summary(E.Callee, *In, S, W.Depth + 1);
-    for (const LifeIncident &I : R.Incidents)
-      addIncident(W, boundIncident(I, S, CE));
+    for (const LifeIncident &I : R.Incidents) {
+      // Wrong because of the state the helper was called in: this call is
+      // where the mistake is made.
+      LifeIncident J = boundIncident(I, S, CE);
+      if (fromEntry(I)) {
+        J.Anchor = CE;
+        J.AnchorFn = W.Fn;
+      }
+      addIncident(W, J);
+    }
     bool Both = llvm::any_of(R.Exits, [](const Exit &X) { return X.Error; }) &&
                 llvm::any_of(R.Exits, [](const Exit &X) { return !X.Error; });
     for (const Exit &X : R.Exits) {
@@ -1042,6 +1092,14 @@ Lifecycle::Lifecycle(const TuAnalysis &A) : A(A) {
   LifeSolver(*this).run();
   exportFacts();
   reportIncomplete();
+}
+
+SourceLocation LifeIncident::loc() const {
+  if (Anchor)
+    return Anchor->getBeginLoc();
+  if (At)
+    return At->Loc;
+  return Exit ? Exit->getBeginLoc() : SourceLocation();
 }
 
 void Lifecycle::reportIncomplete() const {

@@ -45,6 +45,8 @@ enum class LifeEventKind {
   Wait,             // the function waits for a completion
   Call,             // a helper of this unit runs: its summary applies
   Bind,             // memory is put behind the handle (map, rereg, window bind)
+  KeyStaged,        // the rkey is written into a message that is not sent yet
+  Post,             // work requests are posted: staged keys leave with them
 };
 
 struct LifeEvent {
@@ -97,6 +99,14 @@ struct LifeIncident {
   const clang::Stmt *Mismatch = nullptr;
   /// The call through which a root reached this incident in a helper.
   const clang::Stmt *Via = nullptr;
+  /// Where to report: the call, in the function whose state made the
+  /// helper's action wrong (`nvt_unmap_data(req)` in a timeout handler that
+  /// never invalidated), or null to report at the action itself.
+  const clang::Stmt *Anchor = nullptr;
+  const clang::FunctionDecl *AnchorFn = nullptr;
+
+  /// The location findings about this incident use.
+  clang::SourceLocation loc() const;
 };
 
 class Lifecycle {

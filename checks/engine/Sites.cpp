@@ -285,17 +285,19 @@ bool transparent(const Stmt *P) {
   return isa_and_nonnull<ParenExpr>(P) || isa_and_nonnull<CastExpr>(P);
 }
 
-bool readsLeave(const TuAnalysis &A, const FunctionDecl *Fn,
-                const ValueDecl *Var, unsigned Depth);
+KeyUse readsUse(const TuAnalysis &A, const FunctionDecl *Fn, const ValueDecl *Var,
+                unsigned Depth);
 
-/// Does the key value \p Read (an rkey, or a copy of one) reach anyone
-/// outside: a message, a descriptor, a function of another unit?
-/// Comparisons, invalidations, rotations and REG_MR's key field keep it
-/// local; copies into locals and helpers' parameters are followed.
-bool keyLeaves(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *Read,
-               unsigned Depth) {
+KeyUse widest(KeyUse X, KeyUse Y) { return std::max(X, Y); }
+
+/// Where the key value \p Read (an rkey, or a copy of one) goes: nowhere
+/// (comparisons, invalidations, rotations, REG_MR's key field), into memory
+/// a post sends (a message, a descriptor), or to code of another unit.
+/// Copies into locals and helpers' parameters are followed.
+KeyUse keyUse(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *Read,
+              unsigned Depth) {
   if (Depth > KeyFollowDepth)
-    return true;
+    return KeyUse::Leaves;
   const ParentMap &PM = A.flow(Fn).parents();
   const Stmt *Child = Read;
   const Stmt *P = PM.getParent(Child);
@@ -304,79 +306,98 @@ bool keyLeaves(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *Read,
     P = PM.getParent(P);
   }
   if (!P)
-    return false;
+    return KeyUse::Local;
   if (const auto *BO = dyn_cast<BinaryOperator>(P)) {
     if (BO->isComparisonOp() || BO->isLogicalOp())
-      return false;
-    if (!BO->isAssignmentOp() || BO->getRHS() != Child)
-      return BO->isAssignmentOp() ? false : keyLeaves(A, Fn, BO, Depth + 1);
+      return KeyUse::Local;
+    if (!BO->isAssignmentOp())
+      return keyUse(A, Fn, BO, Depth + 1);
+    if (BO->getRHS() != Child)
+      return KeyUse::Local; // the key field written
     if (auto Target = A.classifyMember(BO->getLHS()))
       if (Target->Role == FieldRole::InvalidateRkey ||
           Target->Role == FieldRole::RegKey)
-        return false;
+        return KeyUse::Local;
     if (auto L = locationOf(BO->getLHS()); L && L->Steps.empty() &&
                                            !L->Root->getType()->isPointerType() &&
                                            !cast<VarDecl>(L->Root)->hasGlobalStorage())
-      return readsLeave(A, Fn, L->Root, Depth + 1);
-    return true; // into a struct: a message, a descriptor, a holder
+      return readsUse(A, Fn, L->Root, Depth + 1);
+    return KeyUse::Staged; // into a struct: a message, a descriptor, a holder
   }
   if (const auto *DS = dyn_cast<DeclStmt>(P)) {
     for (const Decl *D : DS->decls())
       if (const auto *VD = dyn_cast<VarDecl>(D); VD && VD->getInit() &&
                                                  VD->isLocalVarDecl())
-        return readsLeave(A, Fn, VD, Depth + 1);
-    return true;
+        return readsUse(A, Fn, VD, Depth + 1);
+    return KeyUse::Staged;
   }
   if (const auto *CE = dyn_cast<CallExpr>(P)) {
     unsigned Index = 0;
     while (Index < CE->getNumArgs() && CE->getArg(Index) != Child)
       ++Index;
     if (const FunctionModel *M = A.modelOf(CE)) {
-      if (M->E == Effect::RkeyIncrement || M->E == Effect::RkeyRotate)
-        return false;
-      return M->arg(ArgRole::InvalidateRkey) != Index;
+      if (M->E == Effect::RkeyIncrement || M->E == Effect::RkeyRotate ||
+          M->arg(ArgRole::InvalidateRkey) == Index)
+        return KeyUse::Local;
+      return KeyUse::Leaves;
     }
     const FunctionDecl *Callee = CE->getDirectCallee();
     const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
     if (Def && llvm::is_contained(A.functions(), Def) &&
         Index < Def->getNumParams())
-      return readsLeave(A, Def, Def->getParamDecl(Index), Depth + 1);
-    return true;
+      return readsUse(A, Def, Def->getParamDecl(Index), Depth + 1);
+    // put_unaligned_le32(mr->rkey, msg->key), memcpy(msg, &key, 4): into
+    // memory a post sends, through a function of another unit.
+    return KeyUse::Staged;
   }
-  if (isa<IfStmt>(P) || isa<WhileStmt>(P) || isa<UnaryOperator>(P) ||
-      isa<SwitchStmt>(P))
-    return false;
+  if (isa<IfStmt>(P) || isa<WhileStmt>(P) || isa<SwitchStmt>(P) ||
+      isa<ParenListExpr>(P))
+    return KeyUse::Local;
+  if (const auto *UO = dyn_cast<UnaryOperator>(P))
+    return UO->getOpcode() == UO_AddrOf ? keyUse(A, Fn, UO, Depth + 1)
+                                        : KeyUse::Local;
   if (isa<ConditionalOperator>(P))
-    return keyLeaves(A, Fn, cast<Expr>(P), Depth + 1);
+    return keyUse(A, Fn, cast<Expr>(P), Depth + 1);
   // Designated initializers of a work request field fall here too.
   for (const FieldStore &S : A.stores())
     if (S.Value == Child)
-      return S.Role != FieldRole::InvalidateRkey && S.Role != FieldRole::RegKey;
-  return true; // returned, put in an aggregate, ...
+      return S.Role == FieldRole::InvalidateRkey || S.Role == FieldRole::RegKey
+                 ? KeyUse::Local
+                 : KeyUse::Staged;
+  if (isa<InitListExpr>(P))
+    return KeyUse::Staged;
+  return KeyUse::Leaves; // returned to the caller
 }
 
-/// Does any read of local \p Var in \p Fn let the key leave?
-bool readsLeave(const TuAnalysis &A, const FunctionDecl *Fn,
-                const ValueDecl *Var, unsigned Depth) {
+/// Where the reads of local \p Var in \p Fn take the key.
+KeyUse readsUse(const TuAnalysis &A, const FunctionDecl *Fn, const ValueDecl *Var,
+                unsigned Depth) {
   Location L;
   L.Root = Var;
+  KeyUse Use = KeyUse::Local;
   for (const TuAnalysis::Use &U : A.usesOf(L, Fn)) {
     const Stmt *P = A.flow(U.Fn).parents().getParent(U.E);
     if (const auto *BO = dyn_cast_or_null<BinaryOperator>(P);
         BO && BO->isAssignmentOp() && BO->getLHS() == U.E)
       continue; // written, not read
+    if (const auto *UO = dyn_cast_or_null<UnaryOperator>(P);
+        UO && UO->getOpcode() == UO_AddrOf)
+      Use = widest(Use, keyUse(A, U.Fn, UO, Depth));
     if (const auto *ICE = dyn_cast_or_null<ImplicitCastExpr>(P);
         ICE && ICE->getCastKind() == CK_LValueToRValue)
-      if (keyLeaves(A, U.Fn, ICE, Depth))
-        return true;
+      Use = widest(Use, keyUse(A, U.Fn, ICE, Depth));
   }
-  return false;
+  return Use;
 }
 } // namespace
 
+KeyUse rkeyUse(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *Read) {
+  return keyUse(A, Fn, Read, 0);
+}
+
 bool rkeyReadLeaves(const TuAnalysis &A, const FunctionDecl *Fn,
                     const Expr *Read) {
-  return keyLeaves(A, Fn, Read, 0);
+  return rkeyUse(A, Fn, Read) != KeyUse::Local;
 }
 
 /// Can the rkey of the MR stored in \p Region reach a peer, or code the

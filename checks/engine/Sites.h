@@ -61,6 +61,13 @@ std::vector<ReadSink> readSinks(const TuAnalysis &A);
 /// Local memory of RDMA READs and WRITEs (sinks and sources).
 std::vector<ReadSink> rdmaLocalBuffers(const TuAnalysis &A);
 
+/// Where a read of an MR's rkey takes the key: nowhere (a comparison, an
+/// invalidation, a rotation), into memory a later post sends (a message, a
+/// descriptor), or to code the analysis cannot see.
+enum class KeyUse { Local, Staged, Leaves };
+KeyUse rkeyUse(const TuAnalysis &A, const clang::FunctionDecl *Fn,
+               const clang::Expr *Read);
+
 /// Does this read of an MR's rkey (`mr->rkey`) hand the key to anyone: a
 /// message, a descriptor, a function of another unit? Comparisons,
 /// invalidations and rotations keep it local; copies into locals and
