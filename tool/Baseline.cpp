@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Files.h"
 #include "Output.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -118,13 +119,9 @@ llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings
                     {"version", ULPLINT_VERSION},
                     {"fingerprints", FingerprintKind},
                     {"findings", std::move(Items)}};
-  std::error_code EC;
-  llvm::raw_fd_ostream OS(Path, EC);
-  if (EC)
-    return llvm::createStringError(EC, "cannot write '" + Path + "': " +
-                                           EC.message());
-  OS << llvm::formatv("{0:2}", json::Value(std::move(Root))) << "\n";
-  return llvm::Error::success();
+  return writeFileSafely(Path, [&](llvm::raw_ostream &OS) {
+    OS << llvm::formatv("{0:2}", json::Value(std::move(Root))) << "\n";
+  });
 }
 
 std::vector<BaselineEntry> applyBaseline(llvm::MutableArrayRef<Finding> Findings,

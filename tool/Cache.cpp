@@ -1,6 +1,7 @@
 //===- Cache.cpp - Unit results as JSON, and kept between runs ------------===//
 
 #include "Cache.h"
+#include "Files.h"
 #include "clang/Basic/Version.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Config/llvm-config.h"
@@ -288,6 +289,7 @@ std::optional<UnitResult> ResultCache::lookup(llvm::StringRef Key) {
   const json::Value *Result = O ? O->get("result") : nullptr;
   if (!Inputs || !Result)
     return std::nullopt;
+  UnitResult U;
   for (const json::Value &In : *Inputs) {
     const json::Array *Pair = In.getAsArray();
     if (!Pair || Pair->size() != 2)
@@ -296,8 +298,8 @@ std::optional<UnitResult> ResultCache::lookup(llvm::StringRef Key) {
     std::optional<llvm::StringRef> Hash = (*Pair)[1].getAsString();
     if (!Path || !Hash || currentHash(*Path) != *Hash)
       return std::nullopt;
+    U.Inputs.push_back({Path->str(), Hash->str()});
   }
-  UnitResult U;
   json::Path::Root R("cache entry");
   if (!unitFromJson(*Result, U, R)) {
     llvm::consumeError(R.getError());
@@ -316,10 +318,12 @@ void ResultCache::store(llvm::StringRef Key, const UnitResult &R,
   if (llvm::sys::fs::create_directories(llvm::sys::path::parent_path(Path)))
     return;
   // A temporary file renamed into place: readers never see half an entry.
-  llvm::Error E = llvm::writeToOutput(Path, [&](llvm::raw_ostream &OS) {
-    OS << json::Value(std::move(Entry));
-    return llvm::Error::success();
-  });
+  WriteOptions Opts;
+  Opts.Durable = false; // a torn entry is a miss
+  Opts.RespectReadOnly = false;
+  llvm::Error E = writeFileSafely(
+      Path, [&](llvm::raw_ostream &OS) { OS << json::Value(std::move(Entry)); },
+      Opts);
   llvm::consumeError(std::move(E));
 }
 

@@ -604,6 +604,7 @@ static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
   // A unit that does not parse may lack a header that appears later.
   if (Cache && Result.ParseErrors.empty() && !Inputs.empty())
     Cache->store(Key, Result, Inputs);
+  Result.Inputs = std::move(Inputs);
   return Result;
 }
 

@@ -46,6 +46,9 @@ struct UnitResult {
   UnitFacts Facts;
   /// Registration sites, when RunOptions::CollectSites.
   SiteSink Sites;
+  /// The files the unit read and the content hash it saw: --fix refuses a
+  /// file that changed since (its offsets would be wrong).
+  std::vector<InputFile> Inputs;
 };
 
 /// Drops the findings whose condition another unit's fact settles.

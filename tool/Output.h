@@ -14,6 +14,8 @@ namespace ulplint::tool {
 /// need (positions, severity from the catalog, a stable fingerprint).
 struct Finding {
   const clang::tidy::ClangTidyError *Error = nullptr;
+  /// The unit that reported it (one that parsed, if several did).
+  const UnitResult *Unit = nullptr;
   std::string File;       // absolute path
   unsigned Line = 0, Column = 0;
   std::string Severity;   // error | warning | note, from rules/catalog.yaml
@@ -58,11 +60,24 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
 void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                 llvm::ArrayRef<UnitResult> Units, const OutputOptions &Opts);
 
-/// Applies the fix-its of \p Findings to the files in place. With
-/// \p FromNotes, a finding without a fix of its own uses its first note's.
-/// Returns the number of findings whose fixes were applied.
-llvm::Expected<unsigned> applyFixes(llvm::ArrayRef<Finding> Findings,
-                                    bool FromNotes);
+struct FixOptions {
+  /// A finding without a fix of its own uses its first note's.
+  bool FromNotes = false;
+  /// Also fix findings of units that do not parse (clang-tidy's --fix-errors).
+  bool FixErrors = false;
+};
+
+struct FixSummary {
+  unsigned Applied = 0;     // findings whose fixes are now in the files
+  unsigned NotParsed = 0;   // findings left alone: their unit does not parse
+  std::vector<std::string> Errors; // files that could not be fixed, and why
+};
+
+/// Applies the fix-its of \p Findings to the files in place. Replacements
+/// are grouped by file identity (device and inode), so a file reached
+/// through a symbolic link or a hard link is fixed once; a file whose
+/// content changed since its unit read it is left alone and reported.
+FixSummary applyFixes(llvm::ArrayRef<Finding> Findings, const FixOptions &Opts);
 
 /// clang-apply-replacements YAML for every finding with a fix.
 void exportFixes(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,

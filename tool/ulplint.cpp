@@ -9,6 +9,7 @@
 
 #include "Cache.h"
 #include "Driver.h"
+#include "Files.h"
 #include "Output.h"
 #include "Report.h"
 #include "Shards.h"
@@ -81,6 +82,11 @@ cl::opt<bool> FixNotes("fix-notes",
                        cl::desc("With --fix, also apply fixes attached to notes "
                                 "(migrations toward rdma_rw and regcore)"),
                        cl::cat(Category));
+cl::opt<bool> FixErrors(
+    "fix-errors",
+    cl::desc("Apply fixes even in translation units that do not parse (as "
+             "clang-tidy's --fix-errors; implies --fix)"),
+    cl::cat(Category));
 cl::opt<std::string> ExportFixes(
     "export-fixes",
     cl::desc("Write fixes as clang-apply-replacements YAML to this file"),
@@ -282,24 +288,18 @@ void printCommands(const clang::tooling::CompilationDatabase &DB,
   outs() << formatv("{0:2}", json::Value(std::move(Out))) << "\n";
 }
 
-int writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
-                const OutputOptions &Opts) {
-  std::unique_ptr<raw_fd_ostream> File;
-  raw_ostream *OS = &outs();
-  if (!OutputFile.empty()) {
-    std::error_code EC;
-    File = std::make_unique<raw_fd_ostream>(OutputFile, EC);
-    if (EC)
-      return usageError("cannot write '" + OutputFile + "': " + EC.message());
-    OS = File.get();
-  }
-  if (Format == "json")
-    writeJson(*OS, Findings, Units, Opts);
-  else if (Format == "sarif")
-    writeSarif(*OS, Findings, Units, Opts);
-  else
-    writeText(*OS, Findings);
-  return 0;
+/// Writes the findings to -o (safely) or standard output.
+Error writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
+                  const OutputOptions &Opts) {
+  return writeFileSafely(OutputFile.empty() ? "-" : StringRef(OutputFile),
+                         [&](raw_ostream &OS) {
+                           if (Format == "json")
+                             writeJson(OS, Findings, Units, Opts);
+                           else if (Format == "sarif")
+                             writeSarif(OS, Findings, Units, Opts);
+                           else
+                             writeText(OS, Findings);
+                         });
 }
 
 void reportBaseline(ArrayRef<Finding> Findings, const OutputOptions &Opts) {
@@ -310,6 +310,24 @@ void reportBaseline(ArrayRef<Finding> Findings, const OutputOptions &Opts) {
   for (const BaselineEntry &B : Opts.Fixed)
     errs() << "ulplint: fixed: " << B.File << ":" << B.Line << ": " << B.Message
            << " [" << B.Check << "]\n";
+}
+
+/// --fix: applies the fixes and says what was not applied; true when a
+/// file could not be fixed.
+bool fix(ArrayRef<Finding> Findings) {
+  FixOptions Opts;
+  Opts.FromNotes = FixNotes;
+  Opts.FixErrors = FixErrors;
+  FixSummary S = applyFixes(Findings, Opts);
+  for (const std::string &E : S.Errors)
+    WithColor::error(errs(), "ulplint") << E << "\n";
+  if (S.NotParsed)
+    WithColor::warning(errs(), "ulplint")
+        << "fixes of " << S.NotParsed << " finding(s) not applied: their "
+        << "translation unit does not parse (--fix-errors applies them anyway)\n";
+  if (!Quiet)
+    errs() << "ulplint: applied fixes of " << S.Applied << " finding(s)\n";
+  return !S.Errors.empty();
 }
 
 /// Settles the units' conditions, compares with the baseline, writes the
@@ -330,25 +348,23 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
     Opts.Fixed = applyBaseline(Findings, *Known);
   }
 
-  if (int Rc = writeOutput(Findings, Units, Opts))
-    return Rc;
+  // Each output is written or reported; a failure is an I/O error (2).
+  bool IOFailed = false;
+  auto Report = [&](Error E) {
+    if (E) {
+      IOFailed = true;
+      WithColor::error(errs(), "ulplint") << toString(std::move(E)) << "\n";
+    }
+  };
+  Report(writeOutput(Findings, Units, Opts));
   if (!WriteBaseline.empty())
-    if (Error E = writeBaseline(WriteBaseline, Findings, Opts.SourceRoot))
-      return usageError(toString(std::move(E)));
-  if (!ExportFixes.empty()) {
-    std::error_code EC;
-    raw_fd_ostream OS(ExportFixes, EC);
-    if (EC)
-      return usageError("cannot write '" + ExportFixes + "': " + EC.message());
-    exportFixes(OS, Findings, MainFile);
-  }
-  if (Fix) {
-    auto Applied = applyFixes(Findings, FixNotes);
-    if (!Applied)
-      return usageError(toString(Applied.takeError()));
-    if (!Quiet)
-      errs() << "ulplint: applied fixes of " << *Applied << " finding(s)\n";
-  }
+    Report(writeBaseline(WriteBaseline, Findings, Opts.SourceRoot));
+  if (!ExportFixes.empty())
+    Report(writeFileSafely(ExportFixes, [&](raw_ostream &OS) {
+      exportFixes(OS, Findings, MainFile);
+    }));
+  if (Fix || FixErrors)
+    IOFailed |= fix(Findings);
 
   unsigned Broken = reportBrokenUnits(Units, "ulplint");
   if (!Quiet) {
@@ -359,7 +375,7 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
            << (Broken ? ", " + std::to_string(Broken) + " not analysed" : "")
            << "\n";
   }
-  if (Broken)
+  if (Broken || IOFailed)
     return 2;
   bool AnyNew = llvm::any_of(
       Findings, [](const Finding &F) { return F.BaselineState != "unchanged"; });
@@ -371,7 +387,7 @@ int merge() {
   // Top-level options parse in subcommands too; refuse the analysis's.
   // (cl::list overloads &: std::addressof gives the option.)
   for (const cl::Option *O : std::initializer_list<const cl::Option *>{
-           &BuildPath, &Checks, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes,
+           &BuildPath, &Checks, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes, &FixErrors,
            &ExportFixes, std::addressof(ExtraArgs),
            std::addressof(ExtraArgsBefore), std::addressof(Include),
            std::addressof(Exclude), &Shard, &CacheDir, &NoCache,
@@ -466,8 +482,22 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
 }
 } // namespace
 
+/// The exit status of the command line.
+static int run(int argc, const char **argv);
+
 int main(int argc, const char **argv) {
   InitLLVM X(argc, argv);
+  int Rc = run(argc, argv);
+  // A failed standard output is an I/O error, whatever the findings.
+  if (Error E = flushStandardOutput()) {
+    WithColor::error(errs(), "ulplint") << toString(std::move(E)) << "\n";
+    Rc = 2;
+  }
+  errs().clear_error(); // nowhere left to report it
+  return Rc;
+}
+
+static int run(int argc, const char **argv) {
   // `file.c -- flags` names the compile command on the command line.
   std::string FixedError;
   std::unique_ptr<clang::tooling::CompilationDatabase> DB =
@@ -495,7 +525,7 @@ int main(int argc, const char **argv) {
   if (Format != "text" && Format != "json" && Format != "sarif")
     return usageError("unknown --format '" + Format +
                       "' (expected text, json or sarif)");
-  if (FixNotes && !Fix)
+  if (FixNotes && !Fix && !FixErrors)
     return usageError("--fix-notes needs --fix");
   if (!FixedError.empty())
     return usageError(FixedError);
