@@ -8,6 +8,7 @@
 
 #include "Driver.h"
 #include "Cache.h"
+#include "Worker.h"
 #include "engine/Rules.h"
 #include "clang-tidy/ClangTidy.h"
 #include "clang-tidy/ClangTidyModule.h"
@@ -516,11 +517,23 @@ static std::string describeError(const ClangTidyError &E) {
   return Where + ": " + E.Message.Message;
 }
 
-/// Runs the checks on \p File with the command \p Cmd, recording the
-/// files the unit read in \p Inputs.
-static UnitResult analyzeUnit(const CompilationDatabase &DB,
-                              const CompileCommand &Cmd, const RunOptions &Opts,
-                              std::vector<InputFile> &Inputs) {
+namespace {
+/// The database of one final command.
+class OneCommandDatabase : public CompilationDatabase {
+public:
+  explicit OneCommandDatabase(CompileCommand Cmd) : Cmd(std::move(Cmd)) {}
+  std::vector<CompileCommand> getCompileCommands(llvm::StringRef) const override {
+    return {Cmd};
+  }
+
+private:
+  CompileCommand Cmd;
+};
+} // namespace
+
+UnitResult analyzeUnit(const CompileCommand &Cmd, const RunOptions &Opts,
+                       std::vector<InputFile> &Inputs) {
+  OneCommandDatabase DB(Cmd);
   UnitResult Result;
   Result.File = Cmd.Filename;
   // A physical file system of its own: ClangTool changes the working
@@ -582,7 +595,7 @@ static std::string effectiveConfig(const RunOptions &Opts, llvm::StringRef File)
 }
 
 /// The unit's result from the cache if it is there and current, else from
-/// an analysis, which then goes into the cache.
+/// an analysis in a worker process, which then goes into the cache.
 static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
                                  const std::string &File,
                                  const RunOptions &Opts, bool &Reused) {
@@ -599,29 +612,28 @@ static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
       return std::move(*Hit);
     }
   }
-  std::vector<InputFile> Inputs;
-  UnitResult Result = analyzeUnit(DB, Cmd, Opts, Inputs);
+  UnitResult Result = analyzeIsolated(Cmd, Opts);
   // A unit that does not parse may lack a header that appears later.
-  if (Cache && Result.ParseErrors.empty() && !Inputs.empty())
-    Cache->store(Key, Result, Inputs);
-  Result.Inputs = std::move(Inputs);
+  if (Cache && Result.ParseErrors.empty() && !Result.Inputs.empty())
+    Cache->store(Key, Result, Result.Inputs);
   return Result;
 }
 
 unsigned reportBrokenUnits(llvm::ArrayRef<UnitResult> Units,
                            llvm::StringRef Tool) {
   unsigned Broken = 0;
-  for (const UnitResult &U : Units)
-    if (!U.ParseErrors.empty()) {
-      ++Broken;
-      llvm::WithColor::error(llvm::errs(), Tool)
-          << U.File << ": cannot be analysed: " << U.ParseErrors.front()
-          << (U.ParseErrors.size() > 1
-                  ? " (and " + std::to_string(U.ParseErrors.size() - 1) +
-                        " more errors)"
-                  : std::string())
-          << "\n";
-    }
+  for (const UnitResult &U : Units) {
+    if (U.ParseErrors.empty())
+      continue;
+    ++Broken;
+    size_t More = U.ParseErrors.size() - 1;
+    llvm::WithColor::error(llvm::errs(), Tool)
+        << U.File << ": not analysed: " << U.ParseErrors.front()
+        << (More ? " (and " + std::to_string(More) + " more errors)" : "")
+        << "\n";
+    if (!U.CrashLog.empty())
+      llvm::errs() << U.CrashLog << (U.CrashLog.back() == '\n' ? "" : "\n");
+  }
   return Broken;
 }
 
@@ -666,6 +678,7 @@ std::vector<UnitResult> analyze(const CompilationDatabase &DB,
       Pool.async([&, I] { Run(I); });
     Pool.wait();
   }
+  removeWorkerFiles();
   for (char R : Reused)
     ++(R ? Stats.FromCache : Stats.Analysed);
   return Results;

@@ -28,6 +28,9 @@ struct RunOptions {
   ResultCache *Cache = nullptr;
   /// Keep the registration sites of each unit (`ulplint report`).
   bool CollectSites = false;
+  /// The stack a unit is analysed on, in MiB: deeply nested code needs more
+  /// than the usual 8 MiB.
+  unsigned StackMiB = 64;
 };
 
 /// A file a unit read, and the hash of the content it read.
@@ -46,6 +49,8 @@ struct UnitResult {
   UnitFacts Facts;
   /// Registration sites, when RunOptions::CollectSites.
   SiteSink Sites;
+  /// When the analysis crashed: the worker's stack dump, for bug reports.
+  std::string CrashLog;
   /// The files the unit read and the content hash it saw: --fix refuses a
   /// file that changed since (its offsets would be wrong).
   std::vector<InputFile> Inputs;
@@ -105,6 +110,12 @@ unsigned reportBrokenUnits(llvm::ArrayRef<UnitResult> Units,
 struct RunStats {
   unsigned Analysed = 0, FromCache = 0;
 };
+
+/// Runs the checks on the unit of \p Cmd (a final command, see
+/// effectiveCommand) in this process, recording the files it read in
+/// \p Inputs. Worker processes call it (Worker.h).
+UnitResult analyzeUnit(const clang::tooling::CompileCommand &Cmd,
+                       const RunOptions &Opts, std::vector<InputFile> &Inputs);
 
 /// Analyses \p Files, -j at a time, or takes their results from the cache;
 /// results come back in input order, conditions not yet settled.

@@ -215,11 +215,14 @@ json::Array fixedToJson(llvm::ArrayRef<BaselineEntry> Fixed) {
   return Out;
 }
 
-json::Array unitErrors(llvm::ArrayRef<UnitResult> Units) {
+/// Units not analysed, with paths relative to the source root as findings'.
+json::Array unitErrors(llvm::ArrayRef<UnitResult> Units,
+                       llvm::StringRef SourceRoot) {
   json::Array Errors;
   for (const UnitResult &U : Units)
     for (const std::string &Msg : U.ParseErrors)
-      Errors.push_back(json::Object{{"file", U.File}, {"message", Msg}});
+      Errors.push_back(json::Object{{"file", relativeTo(U.File, SourceRoot)},
+                                    {"message", Msg}});
   return Errors;
 }
 } // namespace
@@ -268,7 +271,7 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
   json::Object Root{{"tool", "ulplint"},
                     {"version", ULPLINT_VERSION},
                     {"findings", std::move(Items)},
-                    {"errors", unitErrors(Units)},
+                    {"errors", unitErrors(Units, Opts.SourceRoot)},
                     {"units", static_cast<int64_t>(Units.size())}};
   if (Opts.Baseline)
     Root["fixed"] = fixedToJson(Opts.Fixed);

@@ -13,6 +13,7 @@
 #include "Output.h"
 #include "Report.h"
 #include "Shards.h"
+#include "Worker.h"
 #include "engine/Rules.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/Support/CommandLine.h"
@@ -141,6 +142,18 @@ cl::opt<bool> PrintCommands(
     cl::desc("Print the commands clang parses each selected unit with, as "
              "JSON, and exit (for testsuite/bench)"),
     cl::Hidden, cl::cat(Category));
+cl::opt<std::string> UnitWorker(
+    "unit-worker",
+    cl::desc("Analyse the one unit a request file describes (ulplint runs "
+             "itself this way for each unit)"),
+    cl::value_desc("request"), cl::Hidden, cl::sub(cl::SubCommand::getAll()),
+    cl::cat(Category));
+cl::opt<unsigned> UnitStackSize(
+    "unit-stack-size",
+    cl::desc("Stack of each unit's analysis, in MiB (deeper nesting needs "
+             "more)"),
+    cl::init(64), cl::Hidden, cl::sub(cl::SubCommand::getAll()),
+    cl::cat(Category));
 #undef ULPLINT_SHARED
 
 const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol code
@@ -459,6 +472,7 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   Run.ExtraArgs = ExtraArgs;
   Run.ExtraArgsBefore = ExtraArgsBefore;
   Run.Jobs = Jobs;
+  Run.StackMiB = UnitStackSize;
   if (PrintCommands) {
     printCommands(**DB, *Files, Run);
     return 0;
@@ -516,6 +530,12 @@ static int run(int argc, const char **argv) {
     errs() << ErrStream.str();
     return 2;
   }
+  if (!UnitWorker.empty())
+    return runUnitWorker(UnitWorker);
+  if (UnitStackSize < 1 || UnitStackSize > 4095)
+    return usageError("--unit-stack-size must be between 1 and 4095 (MiB)");
+  static int Anchor;
+  setWorkerExecutable(sys::fs::getMainExecutable(argv[0], &Anchor));
   if (ReportCommand)
     return runReport();
   if (ListChecks)
