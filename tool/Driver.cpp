@@ -12,6 +12,7 @@
 #include "engine/Rules.h"
 #include "clang-tidy/ClangTidy.h"
 #include "clang-tidy/ClangTidyModule.h"
+#include "clang-tidy/GlobList.h"
 #include "clang/Frontend/CompilerInstance.h"
 #include "clang/Frontend/FrontendActions.h"
 #include "clang/Lex/PreprocessorOptions.h"
@@ -25,6 +26,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Regex.h"
 #include "llvm/Support/ThreadPool.h"
 #include "llvm/Support/Threading.h"
 #include "llvm/Support/WithColor.h"
@@ -247,16 +249,62 @@ public:
 };
 } // namespace
 
+/// clang-tidy's line filter shape, checked here: its own parser prints
+/// YAML errors of its own.
+static llvm::Error checkLineFilter(llvm::StringRef Text) {
+  llvm::Expected<llvm::json::Value> V = llvm::json::parse(Text);
+  if (!V)
+    return V.takeError();
+  auto Shape = [] {
+    return inputError(
+        "expected [{\"name\": \"file.c\", \"lines\": [[1, 30], ...]}, ...]");
+  };
+  const llvm::json::Array *Files = V->getAsArray();
+  if (!Files)
+    return Shape();
+  for (const llvm::json::Value &F : *Files) {
+    const llvm::json::Object *O = F.getAsObject();
+    if (!O || !O->getString("name"))
+      return Shape();
+    const llvm::json::Value *Lines = O->get("lines");
+    if (!Lines)
+      continue;
+    const llvm::json::Array *Ranges = Lines->getAsArray();
+    if (!Ranges)
+      return Shape();
+    for (const llvm::json::Value &R : *Ranges) {
+      const llvm::json::Array *Pair = R.getAsArray();
+      if (!Pair || Pair->size() != 2 || !(*Pair)[0].getAsUINT64() ||
+          !(*Pair)[1].getAsUINT64())
+        return Shape();
+    }
+  }
+  return llvm::Error::success();
+}
+
 llvm::Expected<std::unique_ptr<ClangTidyOptionsProvider>>
 makeOptionsProvider(const RunOptions &Opts,
                     llvm::IntrusiveRefCntPtr<llvm::vfs::FileSystem> FS) {
   ClangTidyGlobalOptions Global;
+  if (!Opts.LineFilter.empty()) {
+    if (llvm::Error E = checkLineFilter(Opts.LineFilter))
+      return inputError("invalid --line-filter '" + Opts.LineFilter + "': " +
+                        llvm::toString(std::move(E)));
+    parseLineFilter(Opts.LineFilter, Global);
+  }
   ClangTidyOptions Defaults = ClangTidyOptions::getDefaults();
   Defaults.Checks = ("-*," + DefaultChecks).str();
   Defaults.HeaderFilterRegex = "";
   ClangTidyOptions Override;
   if (!Opts.Checks.empty())
     Override.Checks = Opts.Checks;
+  if (Opts.HeaderFilter) {
+    std::string Problem;
+    if (!llvm::Regex(*Opts.HeaderFilter).isValid(Problem))
+      return inputError("invalid --header-filter '" + *Opts.HeaderFilter +
+                        "': " + Problem);
+    Override.HeaderFilterRegex = *Opts.HeaderFilter;
+  }
   if (!Opts.Config.empty() || !Opts.ConfigFile.empty()) {
     std::string Text = Opts.Config;
     if (!Opts.ConfigFile.empty()) {
@@ -309,6 +357,24 @@ static std::vector<std::string> unknownChecks(llvm::StringRef Globs,
       Unknown.push_back(Term.str());
   }
   return Unknown;
+}
+
+/// Some unit must have a check enabled: a run that analyses nothing must not
+/// pass (clang-tidy refuses too). Typos such as `-*,rdam-*` end here.
+static llvm::Error checkSomethingEnabled(const RunOptions &Opts,
+                                         llvm::ArrayRef<std::string> Files,
+                                         ClangTidyOptionsProvider &Provider,
+                                         llvm::ArrayRef<std::string> Known) {
+  for (const std::string &File : Files) {
+    GlobList Enabled(Provider.getOptions(File).Checks.value_or(""));
+    if (llvm::any_of(Known, [&](const std::string &N) { return Enabled.contains(N); }))
+      return llvm::Error::success();
+  }
+  if (!Opts.Checks.empty())
+    return inputError("--checks='" + Opts.Checks + "' leaves no check enabled "
+                      "(see --list-checks)");
+  return inputError("the configuration (.clang-tidy, --config) leaves no check "
+                    "enabled (see --list-checks)");
 }
 
 /// The .clang-tidy files clang-tidy would read for \p File must parse:
@@ -376,7 +442,7 @@ llvm::Error verifyConfiguration(const RunOptions &Opts,
       }
     }
   }
-  return llvm::Error::success();
+  return checkSomethingEnabled(Opts, Files, **Provider, Known);
 }
 
 //===-- Running -----------------------------------------------------------===//
@@ -591,7 +657,9 @@ static std::string effectiveConfig(const RunOptions &Opts, llvm::StringRef File)
     llvm::consumeError(Provider.takeError()); // analyzeUnit reports it
     return "";
   }
-  return configurationAsText((*Provider)->getOptions(File));
+  // The line filter is global, not part of the file's options.
+  return configurationAsText((*Provider)->getOptions(File)) + "\nLineFilter: " +
+         Opts.LineFilter;
 }
 
 /// The unit's result from the cache if it is there and current, else from

@@ -10,6 +10,7 @@
 #include "clang/Tooling/CompilationDatabase.h"
 #include "llvm/Support/Error.h"
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ struct RunOptions {
   std::string Checks;      // --checks, appended to the configuration's
   std::string Config;      // --config (YAML)
   std::string ConfigFile;  // --config-file
+  std::optional<std::string> HeaderFilter; // --header-filter, over the configuration's
+  std::string LineFilter;  // --line-filter (JSON, as in clang-tidy)
   std::vector<std::string> ExtraArgs, ExtraArgsBefore;
   unsigned Jobs = 0;       // 0: all cores
   bool Progress = false;   // a progress line on stderr (a terminal)

@@ -29,6 +29,8 @@ json::Value requestToJson(const CompileCommand &Cmd, const RunOptions &O,
   return json::Object{{"file", Cmd.Filename},     {"directory", Cmd.Directory},
                       {"arguments", Cmd.CommandLine}, {"checks", O.Checks},
                       {"config", O.Config},       {"configFile", O.ConfigFile},
+                      {"headerFilter", O.HeaderFilter},
+                      {"lineFilter", O.LineFilter},
                       {"collectSites", O.CollectSites},
                       {"stackMiB", O.StackMiB},   {"response", Response}};
 }
@@ -39,6 +41,8 @@ bool requestFromJson(const json::Value &V, CompileCommand &Cmd, RunOptions &O,
   return M && M.map("file", Cmd.Filename) && M.map("directory", Cmd.Directory) &&
          M.map("arguments", Cmd.CommandLine) && M.map("checks", O.Checks) &&
          M.map("config", O.Config) && M.map("configFile", O.ConfigFile) &&
+         M.map("headerFilter", O.HeaderFilter) &&
+         M.map("lineFilter", O.LineFilter) &&
          M.map("collectSites", O.CollectSites) && M.map("stackMiB", O.StackMiB) &&
          M.map("response", Response);
 }

@@ -56,6 +56,21 @@ cl::opt<std::string> Checks(
     cl::desc("Comma-separated globs of checks to run, as in clang-tidy; added "
              "after the configuration's (e.g. -rdma-access-flags-transport)"),
     cl::cat(Category));
+cl::opt<std::string> HeaderFilter(
+    "header-filter",
+    cl::desc("Regular expression of headers whose findings are reported, as "
+             "in clang-tidy (the main file's always are); overrides "
+             "HeaderFilterRegex of the configuration"),
+    cl::value_desc("regex"), cl::cat(Category));
+cl::opt<std::string> LineFilter(
+    "line-filter",
+    cl::desc("Report findings only in these lines of these files, as in "
+             "clang-tidy: '[{\"name\": \"file.c\", \"lines\": [[1, 30]]}, ...]'"),
+    cl::value_desc("json"), cl::cat(Category));
+/// -h is LLVM's alias of --help and takes any unknown option starting with
+/// h (--header-filer=...) for it; a plain option of that name does not.
+cl::opt<bool> ShortHelp("h", cl::desc("Alias for --help"), cl::Hidden,
+                        cl::sub(cl::SubCommand::getAll()));
 cl::opt<std::string> Config("config",
                             cl::desc("Configuration in YAML, as in clang-tidy"),
                             cl::cat(Category));
@@ -174,6 +189,28 @@ Exit status: 0 no new findings, 1 new findings, 2 usage or input errors.
 int usageError(const Twine &Msg) {
   WithColor::error(errs(), "ulplint") << Msg << "\n";
   return 2;
+}
+
+/// The compiler's complaints about the flags after '--', one "error:" each;
+/// a ulplint option put there gets a hint.
+std::string describeFlagErrors(StringRef Text) {
+  SmallVector<StringRef, 4> Lines;
+  Text.split(Lines, '\n', -1, false);
+  std::string Out, Hint;
+  auto &Known = cl::getRegisteredOptions();
+  for (StringRef L : Lines) {
+    L = L.trim();
+    if (!L.consume_front("error: ") && !L.consume_front("warning: "))
+      continue;
+    Out += (Out.empty() ? "" : "; ") + L.str();
+    StringRef Arg = L.split("unknown argument: '").second.split('\'').first;
+    StringRef Name = Arg.ltrim('-').split('=').first;
+    if (!Name.empty() && Known.count(Name) && Hint.empty())
+      Hint = " ('" + Arg.str() + "' is a ulplint option: put it before '--'; "
+             "what follows '--' goes to the compiler)";
+  }
+  return "compiler flags after '--': " + (Out.empty() ? Text.trim().str() : Out) +
+         Hint;
 }
 
 int listChecks() {
@@ -400,7 +437,7 @@ int merge() {
   // Top-level options parse in subcommands too; refuse the analysis's.
   // (cl::list overloads &: std::addressof gives the option.)
   for (const cl::Option *O : std::initializer_list<const cl::Option *>{
-           &BuildPath, &Checks, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes, &FixErrors,
+           &BuildPath, &Checks, &HeaderFilter, &LineFilter, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes, &FixErrors,
            &ExportFixes, std::addressof(ExtraArgs),
            std::addressof(ExtraArgsBefore), std::addressof(Include),
            std::addressof(Exclude), &Shard, &CacheDir, &NoCache,
@@ -445,7 +482,7 @@ loadInputDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed) {
 int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
                     const char *Argv0) {
   ShardSpec Spec;
-  if (!Shard.empty()) {
+  if (Shard.getNumOccurrences()) {
     auto Parsed = parseShard(Shard);
     if (!Parsed)
       return usageError(toString(Parsed.takeError()));
@@ -468,6 +505,9 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   RunOptions Run;
   Run.Checks = Checks;
   Run.Config = Config;
+  if (HeaderFilter.getNumOccurrences())
+    Run.HeaderFilter = HeaderFilter;
+  Run.LineFilter = LineFilter;
   Run.ConfigFile = ConfigFile;
   Run.ExtraArgs = ExtraArgs;
   Run.ExtraArgsBefore = ExtraArgsBefore;
@@ -532,6 +572,10 @@ static int run(int argc, const char **argv) {
   }
   if (!UnitWorker.empty())
     return runUnitWorker(UnitWorker);
+  if (ShortHelp) {
+    cl::PrintHelpMessage(false, true);
+    return 0;
+  }
   if (UnitStackSize < 1 || UnitStackSize > 4095)
     return usageError("--unit-stack-size must be between 1 and 4095 (MiB)");
   static int Anchor;
@@ -548,7 +592,7 @@ static int run(int argc, const char **argv) {
   if (FixNotes && !Fix && !FixErrors)
     return usageError("--fix-notes needs --fix");
   if (!FixedError.empty())
-    return usageError(FixedError);
+    return usageError(describeFlagErrors(FixedError));
   if (MergeCommand) {
     if (DB)
       return usageError("'merge' joins shard outputs; '--' compiler flags "
