@@ -107,7 +107,8 @@ llvm::Expected<std::vector<BaselineEntry>> readBaseline(llvm::StringRef Path) {
 }
 
 llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings,
-                          llvm::StringRef SourceRoot) {
+                          llvm::StringRef SourceRoot,
+                          llvm::ArrayRef<BaselineEntry> Kept) {
   json::Array Items;
   for (const Finding &F : Findings)
     Items.push_back(json::Object{{"check", F.Error->DiagnosticName},
@@ -115,6 +116,12 @@ llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings
                                  {"line", F.Line},
                                  {"message", F.Error->Message.Message},
                                  {"fingerprint", F.Fingerprint}});
+  for (const BaselineEntry &B : Kept)
+    Items.push_back(json::Object{{"check", B.Check},
+                                 {"file", B.File},
+                                 {"line", B.Line},
+                                 {"message", B.Message},
+                                 {"fingerprint", B.Fingerprint}});
   json::Object Root{{"tool", "ulplint"},
                     {"version", ULPLINT_VERSION},
                     {"fingerprints", FingerprintKind},
@@ -124,8 +131,11 @@ llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings
   });
 }
 
-std::vector<BaselineEntry> applyBaseline(llvm::MutableArrayRef<Finding> Findings,
-                                         llvm::ArrayRef<BaselineEntry> Baseline) {
+std::vector<BaselineEntry>
+applyBaseline(llvm::MutableArrayRef<Finding> Findings,
+              llvm::ArrayRef<BaselineEntry> Baseline,
+              const llvm::StringSet<> &NotAnalysed,
+              std::vector<BaselineEntry> &Unverified) {
   llvm::StringSet<> Known, Present;
   for (const BaselineEntry &B : Baseline)
     Known.insert(B.Fingerprint);
@@ -136,7 +146,7 @@ std::vector<BaselineEntry> applyBaseline(llvm::MutableArrayRef<Finding> Findings
   std::vector<BaselineEntry> Fixed;
   for (const BaselineEntry &B : Baseline)
     if (!Present.contains(B.Fingerprint))
-      Fixed.push_back(B);
+      (NotAnalysed.contains(B.File) ? Unverified : Fixed).push_back(B);
   return Fixed;
 }
 

@@ -662,11 +662,39 @@ static std::string effectiveConfig(const RunOptions &Opts, llvm::StringRef File)
          Opts.LineFilter;
 }
 
+/// Why \p File cannot be a unit's source, if it cannot: clang would say
+/// "no input files", or pages of errors for binary data.
+static std::optional<std::string> unusableSource(llvm::StringRef File) {
+  llvm::sys::fs::file_status St;
+  if (std::error_code EC = llvm::sys::fs::status(File, St))
+    return EC == std::errc::no_such_file_or_directory ? "no such file"
+                                                      : EC.message();
+  if (llvm::sys::fs::is_directory(St))
+    return "it is a directory";
+  uint64_t Size = std::min<uint64_t>(St.getSize(), 64 << 10);
+  if (Size == 0)
+    return std::nullopt;
+  auto Head = llvm::MemoryBuffer::getFileSlice(File, Size, 0);
+  if (!Head)
+    return "cannot read it: " + Head.getError().message();
+  size_t Nul = (*Head)->getBuffer().find('\0');
+  if (Nul != llvm::StringRef::npos)
+    return "not C source: binary data (a NUL byte at offset " +
+           std::to_string(Nul) + ")";
+  return std::nullopt;
+}
+
 /// The unit's result from the cache if it is there and current, else from
 /// an analysis in a worker process, which then goes into the cache.
 static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
                                  const std::string &File,
                                  const RunOptions &Opts, bool &Reused) {
+  if (std::optional<std::string> Why = unusableSource(File)) {
+    UnitResult Result;
+    Result.File = File;
+    Result.ParseErrors.push_back(*Why);
+    return Result;
+  }
   CompileCommand Cmd = effectiveCommand(DB, File, Opts);
   Cmd.Filename = File;
   std::string Key;

@@ -4,6 +4,7 @@
 #define ULPLINT_TOOL_OUTPUT_H
 
 #include "Driver.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 #include <optional>
@@ -48,6 +49,9 @@ struct OutputOptions {
   /// findings that are gone are listed as fixed.
   bool Baseline = false;
   std::vector<BaselineEntry> Fixed;
+  /// Baseline findings in units that were not analysed: not known to be
+  /// fixed, and kept by --write-baseline.
+  std::vector<BaselineEntry> Unverified;
   /// Shard outputs carry the units' unsettled results and facts for
   /// `ulplint merge` (Shards.h).
   std::optional<llvm::json::Value> Shard;
@@ -87,13 +91,20 @@ void exportFixes(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
 
 /// The findings of a baseline file, or of a JSON or SARIF output of ulplint.
 llvm::Expected<std::vector<BaselineEntry>> readBaseline(llvm::StringRef Path);
-/// Writes \p Findings as a baseline.
+/// Writes \p Findings, then \p Kept (entries of units not analysed), as a
+/// baseline.
 llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings,
-                          llvm::StringRef SourceRoot);
+                          llvm::StringRef SourceRoot,
+                          llvm::ArrayRef<BaselineEntry> Kept = {});
 /// Marks each finding "new" or "unchanged" by its fingerprint; returns the
-/// baseline's findings that no longer occur.
-std::vector<BaselineEntry> applyBaseline(llvm::MutableArrayRef<Finding> Findings,
-                                         llvm::ArrayRef<BaselineEntry> Baseline);
+/// baseline's findings that no longer occur. Those in \p NotAnalysed files
+/// (relative to the source root) go to \p Unverified instead: their unit
+/// said nothing.
+std::vector<BaselineEntry>
+applyBaseline(llvm::MutableArrayRef<Finding> Findings,
+              llvm::ArrayRef<BaselineEntry> Baseline,
+              const llvm::StringSet<> &NotAnalysed,
+              std::vector<BaselineEntry> &Unverified);
 
 } // namespace ulplint::tool
 

@@ -16,6 +16,7 @@
 #include "Worker.h"
 #include "engine/Rules.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -352,11 +353,35 @@ Error writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
                          });
 }
 
+/// What --write-baseline keeps of the old baseline: the findings of units
+/// not analysed this time (from --baseline, else from the file it replaces).
+std::vector<BaselineEntry> keptBaseline(const OutputOptions &Opts,
+                                        const StringSet<> &NotAnalysed) {
+  if (NotAnalysed.empty())
+    return {};
+  if (Opts.Baseline)
+    return Opts.Unverified;
+  std::vector<BaselineEntry> Kept;
+  auto Old = readBaseline(WriteBaseline);
+  if (!Old) {
+    consumeError(Old.takeError()); // none yet, or unusable: nothing to keep
+    return Kept;
+  }
+  for (const BaselineEntry &B : *Old)
+    if (NotAnalysed.contains(B.File))
+      Kept.push_back(B);
+  return Kept;
+}
+
 void reportBaseline(ArrayRef<Finding> Findings, const OutputOptions &Opts) {
   unsigned New = llvm::count_if(
       Findings, [](const Finding &F) { return F.BaselineState == "new"; });
   errs() << "ulplint: baseline: " << New << " new, " << Findings.size() - New
-         << " unchanged, " << Opts.Fixed.size() << " fixed\n";
+         << " unchanged, " << Opts.Fixed.size() << " fixed";
+  if (!Opts.Unverified.empty())
+    errs() << ", " << Opts.Unverified.size()
+           << " unknown (in units not analysed)";
+  errs() << "\n";
   for (const BaselineEntry &B : Opts.Fixed)
     errs() << "ulplint: fixed: " << B.File << ":" << B.Line << ": " << B.Message
            << " [" << B.Check << "]\n";
@@ -390,12 +415,16 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
   Opts.Shard = std::move(Shard);
   settleConditions(Units);
   std::vector<Finding> Findings = collectFindings(Units, Opts.SourceRoot);
+  StringSet<> NotAnalysed;
+  for (const UnitResult &U : Units)
+    if (!U.ParseErrors.empty())
+      NotAnalysed.insert(relativeTo(U.File, Opts.SourceRoot));
   if (!Baseline.empty()) {
     auto Known = readBaseline(Baseline);
     if (!Known)
       return usageError(toString(Known.takeError()));
     Opts.Baseline = true;
-    Opts.Fixed = applyBaseline(Findings, *Known);
+    Opts.Fixed = applyBaseline(Findings, *Known, NotAnalysed, Opts.Unverified);
   }
 
   // Each output is written or reported; a failure is an I/O error (2).
@@ -408,7 +437,8 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
   };
   Report(writeOutput(Findings, Units, Opts));
   if (!WriteBaseline.empty())
-    Report(writeBaseline(WriteBaseline, Findings, Opts.SourceRoot));
+    Report(writeBaseline(WriteBaseline, Findings, Opts.SourceRoot,
+                         keptBaseline(Opts, NotAnalysed)));
   if (!ExportFixes.empty())
     Report(writeFileSafely(ExportFixes, [&](raw_ostream &OS) {
       exportFixes(OS, Findings, MainFile);
