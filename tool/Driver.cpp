@@ -135,6 +135,11 @@ loadDatabase(llvm::StringRef BuildPath) {
   if (!DB)
     return inputError("cannot read compilation database '" + Json +
                       "': " + Err);
+  // As clang-tidy reads databases: @response files expanded, and the target
+  // and driver mode taken from the compiler's name (aarch64-linux-gnu-gcc
+  // means --target=aarch64-linux-gnu).
+  DB = inferTargetAndDriverMode(
+      expandResponseFiles(std::move(DB), llvm::vfs::getRealFileSystem()));
   return firstCommandOnly(std::move(DB));
 }
 

@@ -24,6 +24,7 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
+#include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/WithColor.h"
 #include "clang/Tooling/CompilationDatabase.h"
 
@@ -582,6 +583,8 @@ int main(int argc, const char **argv) {
 }
 
 static int run(int argc, const char **argv) {
+  // The driver knows a cross compiler's target only if it is registered.
+  InitializeAllTargetInfos();
   // `file.c -- flags` names the compile command on the command line.
   std::string FixedError;
   std::unique_ptr<clang::tooling::CompilationDatabase> DB =
