@@ -142,6 +142,11 @@ cl::opt<std::string> CacheDir(
     cl::desc("Keep unit results here between runs (default with -p: "
              "BUILD_DIR/.ulplint-cache)"),
     cl::value_desc("dir"), cl::cat(Category));
+cl::opt<std::string> CacheMaxSize(
+    "cache-max-size",
+    cl::desc("Bound of the cache directory: least recently used entries go "
+             "first (K, M, G suffixes; 0 for no bound; default 1G)"),
+    cl::value_desc("size"), cl::init("1G"), cl::cat(Category));
 cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the cache"),
                       cl::cat(Category));
 cl::opt<std::string> Baseline(
@@ -471,7 +476,7 @@ int merge() {
            &BuildPath, &Checks, &HeaderFilter, &LineFilter, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes, &FixErrors,
            &ExportFixes, std::addressof(ExtraArgs),
            std::addressof(ExtraArgsBefore), std::addressof(Include),
-           std::addressof(Exclude), &Shard, &CacheDir, &NoCache,
+           std::addressof(Exclude), &Shard, &CacheDir, &CacheMaxSize, &NoCache,
            &PrintCommands, &ListChecks, &Explain})
     if (O->getNumOccurrences())
       return usageError("'merge' joins shard outputs; " +
@@ -550,6 +555,9 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   }
   if (Error E = verifyConfiguration(Run, *Files))
     return usageError(toString(std::move(E)));
+  auto MaxCache = parseSize(CacheMaxSize);
+  if (!MaxCache)
+    return usageError("--cache-max-size: " + toString(MaxCache.takeError()));
   Run.Progress = !Quiet && sys::Process::StandardErrIsDisplayed();
   std::unique_ptr<ResultCache> Cache = openCache(Argv0);
   Run.Cache = Cache.get();
@@ -559,6 +567,11 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   if (Cache && !Quiet)
     errs() << "ulplint: " << Units.size() << " unit(s): " << Stats.Analysed
            << " analysed, " << Stats.FromCache << " from the cache\n";
+  if (Cache)
+    if (unsigned Pruned = Cache->maintain(*MaxCache); Pruned && !Quiet)
+      errs() << "ulplint: cache: " << Pruned
+             << " least recently used entries removed (--cache-max-size="
+             << CacheMaxSize << ")\n";
   std::optional<json::Value> ShardData;
   if (Spec.Count)
     ShardData = shardSection(Spec, Total, Indices, Units);
