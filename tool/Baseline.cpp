@@ -68,7 +68,7 @@ static llvm::Error readSarifResults(const json::Array &Runs,
       const json::Object *Phys = Loc ? Loc->getObject("physicalLocation") : nullptr;
       if (Phys) {
         if (const json::Object *A = Phys->getObject("artifactLocation"))
-          B.File = A->getString("uri").value_or("").str();
+          B.File = uriPathDecoded(A->getString("uri").value_or(""));
         if (const json::Object *Reg = Phys->getObject("region"))
           B.Line = Reg->getInteger("startLine").value_or(0);
       }

@@ -280,14 +280,40 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
   OS << llvm::formatv("{0:2}", json::Value(std::move(Root))) << "\n";
 }
 
+std::string uriPath(llvm::StringRef Path) {
+  std::string Out;
+  for (unsigned char C : Path) {
+    if (llvm::isAlnum(C) || llvm::StringRef("-._~/").contains(C))
+      Out += C;
+    else
+      Out += "%" + llvm::utohexstr(C, /*LowerCase=*/false, 2);
+  }
+  return Out;
+}
+
+std::string uriPathDecoded(llvm::StringRef Uri) {
+  std::string Out;
+  for (size_t I = 0; I < Uri.size(); ++I) {
+    unsigned Byte;
+    if (Uri[I] == '%' && I + 2 < Uri.size() &&
+        !Uri.substr(I + 1, 2).getAsInteger(16, Byte)) {
+      Out += static_cast<char>(Byte);
+      I += 2;
+    } else {
+      Out += Uri[I];
+    }
+  }
+  return Out;
+}
+
 static json::Object sarifLocation(const std::string &File, unsigned Line,
                                   unsigned Column, const OutputOptions &Opts) {
   std::string Rel = relativeTo(File, Opts.SourceRoot);
-  json::Object Artifact{{"uri", Rel}};
+  json::Object Artifact{{"uri", uriPath(Rel)}};
   if (llvm::sys::path::is_relative(Rel))
     Artifact["uriBaseId"] = "SRCROOT";
   else
-    Artifact["uri"] = "file://" + Rel;
+    Artifact["uri"] = "file://" + uriPath(Rel);
   return json::Object{
       {"physicalLocation",
        json::Object{{"artifactLocation", std::move(Artifact)},
@@ -413,7 +439,7 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                                   {"version", ULPLINT_VERSION},
                                   {"rules", std::move(RuleList)}}}}},
       {"originalUriBaseIds",
-       json::Object{{"SRCROOT", json::Object{{"uri", "file://" + Root}}}}},
+       json::Object{{"SRCROOT", json::Object{{"uri", "file://" + uriPath(Root)}}}}},
       {"invocations",
        json::Array{json::Object{
            {"executionSuccessful", Notifications.empty()},

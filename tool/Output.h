@@ -33,6 +33,13 @@ inline constexpr llvm::StringLiteral FingerprintKind = "ulplintFingerprint/v2";
 std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units,
                                      llvm::StringRef SourceRoot);
 
+/// \p Path as the path of a URI reference (RFC 3986): every byte but
+/// unreserved characters and '/' percent-encoded, so spaces, '%', '#', '?'
+/// and non-ASCII names stay one valid reference.
+std::string uriPath(llvm::StringRef Path);
+/// The inverse of uriPath.
+std::string uriPathDecoded(llvm::StringRef Uri);
+
 /// \p Path relative to \p Root if it is inside it, else unchanged.
 std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root);
 
