@@ -2,16 +2,14 @@
 import os
 import shlex
 import shutil
-import subprocess
 import sys
-import tempfile
 
 import lit.formats
 
 config.name = "ulplint"
 config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".c", ".cpp", ".test"]
-config.excludes = ["Inputs", "example", "bench", "fuzz", "check_ulplint.py", "expect_exit.py", "validate_json.py", "tiny_fs.sh", "lsp"]
+config.excludes = ["Inputs", "example", "bench", "check_ulplint.py", "expect_exit.py", "validate_json.py", "lsp"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.ulplint_obj_root, "testsuite")
 
@@ -46,26 +44,6 @@ config.substitutions.append(("%blkdemo", os.path.join(obj, "example", "bin")))
 config.substitutions.append(("%python", python))
 config.substitutions.append(("%srcroot", src))
 config.substitutions.append(("%bindir", obj))
-
-# Fault injection. A full disk: testsuite/tiny_fs.sh mounts a tiny tmpfs in a
-# private mount namespace (root and unshare(1)). I/O errors and kills at a
-# chosen system call: strace -e inject. Tests that need them are
-# UNSUPPORTED where they are missing.
-def _runs(argv):
-    try:
-        return subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-_probe = tempfile.mkdtemp(prefix="ulplint-lit-")
-if shutil.which("unshare") and _runs(["unshare", "-m", "--propagation", "private",
-                                      "mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", _probe]):
-    config.available_features.add("tmpfs")
-    config.substitutions.append(("%tiny_fs", "sh " + os.path.join(src, "testsuite", "tiny_fs.sh")))
-os.rmdir(_probe)
-if shutil.which("strace") and _runs(["strace", "-f", "-qq", "-e", "trace=none", "true"]):
-    config.available_features.add("strace")
 
 # util-linux's script(1) runs a command on a pseudo-terminal.
 if shutil.which("script"):

@@ -1,9 +1,10 @@
 //===- ulplint.cpp - The ulplint command ----------------------------------===//
 //
 // Runs the rdma-* checks over a compile database, like clang-tidy but with
-// CI in mind: parallel units, a result cache, shards and their merge,
-// baselines, machine-readable output and strict exit codes (0 no new
-// findings, 1 new findings, 2 usage or input errors).
+// CI in mind: parallel units each in a process of its own, a result cache,
+// shards and their merge, baselines, machine-readable output and strict
+// exit codes (0 no new findings, 1 new findings, 2 usage, input or output
+// errors, or a unit not analysed).
 //
 //===----------------------------------------------------------------------===//
 
@@ -190,7 +191,8 @@ const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol 
   ulplint report -p BUILD_DIR -o report.html|report.md
                                       migration report (see report --help)
 
-Exit status: 0 no new findings, 1 new findings, 2 usage or input errors.
+Exit status: 0 no new findings, 1 new findings, 2 usage, input or output
+errors, or a unit that could not be analysed.
 )";
 
 int usageError(const Twine &Msg) {
