@@ -167,12 +167,12 @@ UnitResult crashed(const CompileCommand &Cmd, const RunOptions &Opts, int Rc,
            std::to_string(Opts.StackMiB) + " MiB stack (" + ErrMsg.str() + ")";
   else if (Rc == -2)
     What = ErrMsg.str();
-  else if (Rc == -1)
-    What = "cannot run the analysis worker: " + ErrMsg.str();
   else
     What = "the analysis worker exited with status " + std::to_string(Rc) +
            (Log.empty() ? "" : ": " + lastLine(Log).str());
-  U.ParseErrors.push_back("ulplint crashed: " + What + crashLocation(Log));
+  U.ParseErrors.push_back(Rc == -1 ? "cannot start its analysis: " + ErrMsg.str()
+                                   : "ulplint crashed: " + What +
+                                         crashLocation(Log));
   // Frames of an overflow repeat the recursion: the reason says it all.
   if (!Overflow && Rc != -1)
     U.CrashLog = Log.take_front(8192).str();

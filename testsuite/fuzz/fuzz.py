@@ -262,7 +262,7 @@ class Counts(dict):
 
 def check_ulplint(a, d, names, counts, problems):
     rc, out = run([a.ulplint, "-p", d, "--no-cache", "-j%d" % a.jobs, "--quiet", "--format=json",
-                   "-o", os.path.join(d, "out.json")])
+                   "-o", os.path.join(d, "out.json")] + a.ulplint_arg)
     if rc == "timeout" or rc not in (0, 1, 2):
         counts.add("ulplint: driver crashes or hangs")
         problems.append(("ulplint driver", rc, d, out[-4000:]))
@@ -324,7 +324,8 @@ def check_fix(a, d, names, mutants, result, counts, problems):
     with open(os.path.join(fd, "compile_commands.json"), "w") as f:
         json.dump(db, f)
     rc, out = run([a.ulplint, "-p", fd, "--no-cache", "-j%d" % a.jobs, "--quiet", "--fix",
-                   "--format=json", "-o", os.path.join(fd, "fix.json"), "--source-root=" + fd])
+                   "--format=json", "-o", os.path.join(fd, "fix.json"), "--source-root=" + fd]
+                  + a.ulplint_arg)
     if rc == "timeout" or rc not in (0, 1, 2):
         counts.add("--fix: driver crashes or hangs")
         problems.append(("--fix driver", rc, fd, out[-4000:]))
@@ -358,6 +359,9 @@ def main():
     p.add_argument("--batch", type=int, default=25)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--keep", help="copy the batches with problems here")
+    p.add_argument("--ulplint-arg", action="append", default=[],
+                   help="extra ulplint option, e.g. --unit-stack-size=8 (clang's "
+                        "stack) to see crashes inside clang isolated")
     p.add_argument("--json", help="write the counts here")
     a = p.parse_args()
     a.ulplint = os.path.join(a.build, "tool", "ulplint")
