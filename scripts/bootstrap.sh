@@ -29,6 +29,7 @@ packages=(
   clang-22 lld-22 llvm-22-dev llvm-22-tools libclang-22-dev libclang-cpp22-dev
   clang-tidy-22 libibverbs-dev librdmacm-dev
   chromium   # the HTML report is tested in headless Chromium
+  strace     # fault injection in the I/O tests (strace -e inject)
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc   # clangd's exported targets
 )
 

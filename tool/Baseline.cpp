@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Files.h"
 #include "Output.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -67,7 +68,7 @@ static llvm::Error readSarifResults(const json::Array &Runs,
       const json::Object *Phys = Loc ? Loc->getObject("physicalLocation") : nullptr;
       if (Phys) {
         if (const json::Object *A = Phys->getObject("artifactLocation"))
-          B.File = A->getString("uri").value_or("").str();
+          B.File = uriPathDecoded(A->getString("uri").value_or(""));
         if (const json::Object *Reg = Phys->getObject("region"))
           B.Line = Reg->getInteger("startLine").value_or(0);
       }
@@ -106,7 +107,8 @@ llvm::Expected<std::vector<BaselineEntry>> readBaseline(llvm::StringRef Path) {
 }
 
 llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings,
-                          llvm::StringRef SourceRoot) {
+                          llvm::StringRef SourceRoot,
+                          llvm::ArrayRef<BaselineEntry> Kept) {
   json::Array Items;
   for (const Finding &F : Findings)
     Items.push_back(json::Object{{"check", F.Error->DiagnosticName},
@@ -114,21 +116,26 @@ llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings
                                  {"line", F.Line},
                                  {"message", F.Error->Message.Message},
                                  {"fingerprint", F.Fingerprint}});
+  for (const BaselineEntry &B : Kept)
+    Items.push_back(json::Object{{"check", B.Check},
+                                 {"file", B.File},
+                                 {"line", B.Line},
+                                 {"message", B.Message},
+                                 {"fingerprint", B.Fingerprint}});
   json::Object Root{{"tool", "ulplint"},
                     {"version", ULPLINT_VERSION},
                     {"fingerprints", FingerprintKind},
                     {"findings", std::move(Items)}};
-  std::error_code EC;
-  llvm::raw_fd_ostream OS(Path, EC);
-  if (EC)
-    return llvm::createStringError(EC, "cannot write '" + Path + "': " +
-                                           EC.message());
-  OS << llvm::formatv("{0:2}", json::Value(std::move(Root))) << "\n";
-  return llvm::Error::success();
+  return writeFileSafely(Path, [&](llvm::raw_ostream &OS) {
+    OS << llvm::formatv("{0:2}", json::Value(std::move(Root))) << "\n";
+  });
 }
 
-std::vector<BaselineEntry> applyBaseline(llvm::MutableArrayRef<Finding> Findings,
-                                         llvm::ArrayRef<BaselineEntry> Baseline) {
+std::vector<BaselineEntry>
+applyBaseline(llvm::MutableArrayRef<Finding> Findings,
+              llvm::ArrayRef<BaselineEntry> Baseline,
+              const llvm::StringSet<> &NotAnalysed,
+              std::vector<BaselineEntry> &Unverified) {
   llvm::StringSet<> Known, Present;
   for (const BaselineEntry &B : Baseline)
     Known.insert(B.Fingerprint);
@@ -139,7 +146,7 @@ std::vector<BaselineEntry> applyBaseline(llvm::MutableArrayRef<Finding> Findings
   std::vector<BaselineEntry> Fixed;
   for (const BaselineEntry &B : Baseline)
     if (!Present.contains(B.Fingerprint))
-      Fixed.push_back(B);
+      (NotAnalysed.contains(B.File) ? Unverified : Fixed).push_back(B);
   return Fixed;
 }
 

@@ -1,12 +1,14 @@
 //===- Cache.cpp - Unit results as JSON, and kept between runs ------------===//
 
 #include "Cache.h"
+#include "Files.h"
 #include "clang/Basic/Version.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Process.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Support/xxhash.h"
 
@@ -239,10 +241,109 @@ std::string unitKey(llvm::StringRef File, llvm::StringRef Directory,
   for (const std::string &A : Argv)
     addField(Text, A);
   addField(Text, Config);
+  // Include directories from the environment, which clang's driver reads.
+  for (const char *Var : {"CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH",
+                          "OBJC_INCLUDE_PATH", "OBJCPLUS_INCLUDE_PATH"}) {
+    std::optional<std::string> Value = llvm::sys::Process::GetEnv(Var);
+    addField(Text, Value ? std::string(Var) + "=" + *Value : "");
+  }
   return contentHash(Text);
 }
 
+llvm::Expected<uint64_t> parseSize(llvm::StringRef Text) {
+  llvm::StringRef Digits = Text.take_while(llvm::isDigit);
+  std::string U = Text.drop_front(Digits.size()).lower();
+  uint64_t N = 0;
+  unsigned Shift = 0;
+  if (U == "k" || U == "kib" || U == "kb")
+    Shift = 10;
+  else if (U == "m" || U == "mib" || U == "mb")
+    Shift = 20;
+  else if (U == "g" || U == "gib" || U == "gb")
+    Shift = 30;
+  else if (!U.empty() && U != "b")
+    Digits = "";
+  if (Digits.empty() || Digits.getAsInteger(10, N) || N > (UINT64_MAX >> Shift))
+    return llvm::createStringError(llvm::inconvertibleErrorCode(),
+                                   "invalid size '" + Text +
+                                       "': expected a number of bytes, or "
+                                       "with K, M or G (e.g. 512M)");
+  return N << Shift;
+}
+
 //===-- The cache ---------------------------------------------------------===//
+
+/// Sets a file's modification time to now; --cache-max-size prunes by it.
+static void touch(llvm::StringRef Path) {
+  int FD;
+  if (llvm::sys::fs::openFileForReadWrite(Path, FD, llvm::sys::fs::CD_OpenExisting,
+                                          llvm::sys::fs::OF_None))
+    return;
+  (void)llvm::sys::fs::setLastAccessAndModificationTime(
+      FD, std::chrono::system_clock::now());
+  llvm::sys::Process::SafelyCloseFileDescriptor(FD);
+}
+
+namespace {
+struct CacheFile {
+  std::string Path;
+  uint64_t Size;
+  llvm::sys::TimePoint<> Modified;
+};
+
+/// Every regular file under \p Dir.
+std::vector<CacheFile> filesUnder(llvm::StringRef Dir) {
+  std::vector<CacheFile> Files;
+  std::error_code EC;
+  for (llvm::sys::fs::recursive_directory_iterator It(Dir, EC), End;
+       It != End && !EC; It.increment(EC)) {
+    llvm::sys::fs::file_status St;
+    if (llvm::sys::fs::status(It->path(), St) || !llvm::sys::fs::is_regular_file(St))
+      continue;
+    Files.push_back({It->path(), St.getSize(), St.getLastModificationTime()});
+  }
+  return Files;
+}
+
+bool isTemporary(llvm::StringRef Path) {
+  llvm::StringRef Name = llvm::sys::path::filename(Path);
+  // Ours, and llvm::writeToOutput's of earlier ulplint versions.
+  return Name.contains(TempFileMarker) || Name.contains(".temp-stream-");
+}
+} // namespace
+
+unsigned ResultCache::maintain(uint64_t MaxBytes) {
+  llvm::StringRef Dir = llvm::sys::path::parent_path(Root);
+  auto Now = std::chrono::system_clock::now();
+  std::vector<CacheFile> Entries;
+  uint64_t Total = 0;
+  for (CacheFile &F : filesUnder(Dir)) {
+    if (isTemporary(F.Path)) {
+      if (Now - F.Modified > std::chrono::hours(1))
+        llvm::sys::fs::remove(F.Path);
+      continue;
+    }
+    if (!llvm::StringRef(F.Path).ends_with(".json"))
+      continue; // not ours
+    Total += F.Size;
+    Entries.push_back(std::move(F));
+  }
+  if (!MaxBytes || Total <= MaxBytes)
+    return 0;
+  llvm::sort(Entries, [](const CacheFile &A, const CacheFile &B) {
+    return A.Modified < B.Modified;
+  });
+  unsigned Removed = 0;
+  for (const CacheFile &F : Entries) {
+    if (Total <= MaxBytes)
+      break;
+    if (!llvm::sys::fs::remove(F.Path)) {
+      Total -= F.Size;
+      ++Removed;
+    }
+  }
+  return Removed;
+}
 
 llvm::Expected<std::unique_ptr<ResultCache>>
 ResultCache::open(llvm::StringRef Dir, llvm::StringRef ToolIdentity) {
@@ -288,6 +389,8 @@ std::optional<UnitResult> ResultCache::lookup(llvm::StringRef Key) {
   const json::Value *Result = O ? O->get("result") : nullptr;
   if (!Inputs || !Result)
     return std::nullopt;
+  UnitResult U;
+  U.Inputs.reserve(Inputs->size());
   for (const json::Value &In : *Inputs) {
     const json::Array *Pair = In.getAsArray();
     if (!Pair || Pair->size() != 2)
@@ -296,13 +399,14 @@ std::optional<UnitResult> ResultCache::lookup(llvm::StringRef Key) {
     std::optional<llvm::StringRef> Hash = (*Pair)[1].getAsString();
     if (!Path || !Hash || currentHash(*Path) != *Hash)
       return std::nullopt;
+    U.Inputs.push_back({Path->str(), Hash->str()});
   }
-  UnitResult U;
   json::Path::Root R("cache entry");
   if (!unitFromJson(*Result, U, R)) {
     llvm::consumeError(R.getError());
     return std::nullopt;
   }
+  touch(entryPath(Key)); // recently used: pruned last
   return U;
 }
 
@@ -316,10 +420,12 @@ void ResultCache::store(llvm::StringRef Key, const UnitResult &R,
   if (llvm::sys::fs::create_directories(llvm::sys::path::parent_path(Path)))
     return;
   // A temporary file renamed into place: readers never see half an entry.
-  llvm::Error E = llvm::writeToOutput(Path, [&](llvm::raw_ostream &OS) {
-    OS << json::Value(std::move(Entry));
-    return llvm::Error::success();
-  });
+  WriteOptions Opts;
+  Opts.Durable = false; // a torn entry is a miss
+  Opts.RespectReadOnly = false;
+  llvm::Error E = writeFileSafely(
+      Path, [&](llvm::raw_ostream &OS) { OS << json::Value(std::move(Entry)); },
+      Opts);
   llvm::consumeError(std::move(E));
 }
 

@@ -31,10 +31,13 @@ std::string contentHash(llvm::StringRef Data);
 std::string toolIdentity(const char *Argv0, void *MainAddr);
 
 /// The part of a unit's cache key known before parsing: the file, the
-/// command clang runs (after rewriting) and the effective check
-/// configuration.
+/// command clang runs (after rewriting), the effective check configuration
+/// and the environment variables that add include directories (CPATH, ...).
 std::string unitKey(llvm::StringRef File, llvm::StringRef Directory,
                     llvm::ArrayRef<std::string> Argv, llvm::StringRef Config);
+
+/// "512M", "2G", "100K", "4096": bytes (K, M, G are powers of 1024).
+llvm::Expected<uint64_t> parseSize(llvm::StringRef Text);
 
 /// Results per unit under DIR/<tool identity>/, valid while every file the
 /// unit read (main file and headers) has the content it had. Safe to share
@@ -53,6 +56,13 @@ public:
              llvm::ArrayRef<InputFile> Inputs);
 
   llvm::StringRef directory() const { return Root; }
+
+  /// Housekeeping after a run, over the whole cache directory (every build
+  /// of ulplint's entries): removes temporary files that killed processes
+  /// left (older than an hour: younger ones may be being written), then the
+  /// least recently used entries until at most \p MaxBytes remain (0: no
+  /// limit). Returns the number of entries removed.
+  unsigned maintain(uint64_t MaxBytes);
 
 private:
   explicit ResultCache(std::string Root) : Root(std::move(Root)) {}

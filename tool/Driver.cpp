@@ -8,9 +8,11 @@
 
 #include "Driver.h"
 #include "Cache.h"
+#include "Worker.h"
 #include "engine/Rules.h"
 #include "clang-tidy/ClangTidy.h"
 #include "clang-tidy/ClangTidyModule.h"
+#include "clang-tidy/GlobList.h"
 #include "clang/Frontend/CompilerInstance.h"
 #include "clang/Frontend/FrontendActions.h"
 #include "clang/Lex/PreprocessorOptions.h"
@@ -24,6 +26,7 @@
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/GlobPattern.h"
 #include "llvm/Support/Path.h"
+#include "llvm/Support/Regex.h"
 #include "llvm/Support/ThreadPool.h"
 #include "llvm/Support/Threading.h"
 #include "llvm/Support/WithColor.h"
@@ -132,6 +135,11 @@ loadDatabase(llvm::StringRef BuildPath) {
   if (!DB)
     return inputError("cannot read compilation database '" + Json +
                       "': " + Err);
+  // As clang-tidy reads databases: @response files expanded, and the target
+  // and driver mode taken from the compiler's name (aarch64-linux-gnu-gcc
+  // means --target=aarch64-linux-gnu).
+  DB = inferTargetAndDriverMode(
+      expandResponseFiles(std::move(DB), llvm::vfs::getRealFileSystem()));
   return firstCommandOnly(std::move(DB));
 }
 
@@ -246,16 +254,62 @@ public:
 };
 } // namespace
 
+/// clang-tidy's line filter shape, checked here: its own parser prints
+/// YAML errors of its own.
+static llvm::Error checkLineFilter(llvm::StringRef Text) {
+  llvm::Expected<llvm::json::Value> V = llvm::json::parse(Text);
+  if (!V)
+    return V.takeError();
+  auto Shape = [] {
+    return inputError(
+        "expected [{\"name\": \"file.c\", \"lines\": [[1, 30], ...]}, ...]");
+  };
+  const llvm::json::Array *Files = V->getAsArray();
+  if (!Files)
+    return Shape();
+  for (const llvm::json::Value &F : *Files) {
+    const llvm::json::Object *O = F.getAsObject();
+    if (!O || !O->getString("name"))
+      return Shape();
+    const llvm::json::Value *Lines = O->get("lines");
+    if (!Lines)
+      continue;
+    const llvm::json::Array *Ranges = Lines->getAsArray();
+    if (!Ranges)
+      return Shape();
+    for (const llvm::json::Value &R : *Ranges) {
+      const llvm::json::Array *Pair = R.getAsArray();
+      if (!Pair || Pair->size() != 2 || !(*Pair)[0].getAsUINT64() ||
+          !(*Pair)[1].getAsUINT64())
+        return Shape();
+    }
+  }
+  return llvm::Error::success();
+}
+
 llvm::Expected<std::unique_ptr<ClangTidyOptionsProvider>>
 makeOptionsProvider(const RunOptions &Opts,
                     llvm::IntrusiveRefCntPtr<llvm::vfs::FileSystem> FS) {
   ClangTidyGlobalOptions Global;
+  if (!Opts.LineFilter.empty()) {
+    if (llvm::Error E = checkLineFilter(Opts.LineFilter))
+      return inputError("invalid --line-filter '" + Opts.LineFilter + "': " +
+                        llvm::toString(std::move(E)));
+    parseLineFilter(Opts.LineFilter, Global);
+  }
   ClangTidyOptions Defaults = ClangTidyOptions::getDefaults();
   Defaults.Checks = ("-*," + DefaultChecks).str();
   Defaults.HeaderFilterRegex = "";
   ClangTidyOptions Override;
   if (!Opts.Checks.empty())
     Override.Checks = Opts.Checks;
+  if (Opts.HeaderFilter) {
+    std::string Problem;
+    if (!llvm::Regex(*Opts.HeaderFilter).isValid(Problem))
+      return inputError("invalid --header-filter '" + *Opts.HeaderFilter +
+                        "': " + Problem);
+    Override.HeaderFilterRegex = *Opts.HeaderFilter;
+  }
   if (!Opts.Config.empty() || !Opts.ConfigFile.empty()) {
     std::string Text = Opts.Config;
     if (!Opts.ConfigFile.empty()) {
@@ -308,6 +362,24 @@ static std::vector<std::string> unknownChecks(llvm::StringRef Globs,
       Unknown.push_back(Term.str());
   }
   return Unknown;
+}
+
+/// Some unit must have a check enabled: a run that analyses nothing must not
+/// pass (clang-tidy refuses too). Typos such as `-*,rdam-*` end here.
+static llvm::Error checkSomethingEnabled(const RunOptions &Opts,
+                                         llvm::ArrayRef<std::string> Files,
+                                         ClangTidyOptionsProvider &Provider,
+                                         llvm::ArrayRef<std::string> Known) {
+  for (const std::string &File : Files) {
+    GlobList Enabled(Provider.getOptions(File).Checks.value_or(""));
+    if (llvm::any_of(Known, [&](const std::string &N) { return Enabled.contains(N); }))
+      return llvm::Error::success();
+  }
+  if (!Opts.Checks.empty())
+    return inputError("--checks='" + Opts.Checks + "' leaves no check enabled "
+                      "(see --list-checks)");
+  return inputError("the configuration (.clang-tidy, --config) leaves no check "
+                    "enabled (see --list-checks)");
 }
 
 /// The .clang-tidy files clang-tidy would read for \p File must parse:
@@ -375,7 +447,7 @@ llvm::Error verifyConfiguration(const RunOptions &Opts,
       }
     }
   }
-  return llvm::Error::success();
+  return checkSomethingEnabled(Opts, Files, **Provider, Known);
 }
 
 //===-- Running -----------------------------------------------------------===//
@@ -516,11 +588,23 @@ static std::string describeError(const ClangTidyError &E) {
   return Where + ": " + E.Message.Message;
 }
 
-/// Runs the checks on \p File with the command \p Cmd, recording the
-/// files the unit read in \p Inputs.
-static UnitResult analyzeUnit(const CompilationDatabase &DB,
-                              const CompileCommand &Cmd, const RunOptions &Opts,
-                              std::vector<InputFile> &Inputs) {
+namespace {
+/// The database of one final command.
+class OneCommandDatabase : public CompilationDatabase {
+public:
+  explicit OneCommandDatabase(CompileCommand Cmd) : Cmd(std::move(Cmd)) {}
+  std::vector<CompileCommand> getCompileCommands(llvm::StringRef) const override {
+    return {Cmd};
+  }
+
+private:
+  CompileCommand Cmd;
+};
+} // namespace
+
+UnitResult analyzeUnit(const CompileCommand &Cmd, const RunOptions &Opts,
+                       std::vector<InputFile> &Inputs) {
+  OneCommandDatabase DB(Cmd);
   UnitResult Result;
   Result.File = Cmd.Filename;
   // A physical file system of its own: ClangTool changes the working
@@ -578,14 +662,44 @@ static std::string effectiveConfig(const RunOptions &Opts, llvm::StringRef File)
     llvm::consumeError(Provider.takeError()); // analyzeUnit reports it
     return "";
   }
-  return configurationAsText((*Provider)->getOptions(File));
+  // The line filter is global, not part of the file's options.
+  return configurationAsText((*Provider)->getOptions(File)) + "\nLineFilter: " +
+         Opts.LineFilter;
+}
+
+/// Why \p File cannot be a unit's source, if it cannot: clang would say
+/// "no input files", or pages of errors for binary data.
+static std::optional<std::string> unusableSource(llvm::StringRef File) {
+  llvm::sys::fs::file_status St;
+  if (std::error_code EC = llvm::sys::fs::status(File, St))
+    return EC == std::errc::no_such_file_or_directory ? "no such file"
+                                                      : EC.message();
+  if (llvm::sys::fs::is_directory(St))
+    return "it is a directory";
+  uint64_t Size = std::min<uint64_t>(St.getSize(), 64 << 10);
+  if (Size == 0)
+    return std::nullopt;
+  auto Head = llvm::MemoryBuffer::getFileSlice(File, Size, 0);
+  if (!Head)
+    return "cannot read it: " + Head.getError().message();
+  size_t Nul = (*Head)->getBuffer().find('\0');
+  if (Nul != llvm::StringRef::npos)
+    return "not C source: binary data (a NUL byte at offset " +
+           std::to_string(Nul) + ")";
+  return std::nullopt;
 }
 
 /// The unit's result from the cache if it is there and current, else from
-/// an analysis, which then goes into the cache.
+/// an analysis in a worker process, which then goes into the cache.
 static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
                                  const std::string &File,
                                  const RunOptions &Opts, bool &Reused) {
+  if (std::optional<std::string> Why = unusableSource(File)) {
+    UnitResult Result;
+    Result.File = File;
+    Result.ParseErrors.push_back(*Why);
+    return Result;
+  }
   CompileCommand Cmd = effectiveCommand(DB, File, Opts);
   Cmd.Filename = File;
   std::string Key;
@@ -599,28 +713,28 @@ static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
       return std::move(*Hit);
     }
   }
-  std::vector<InputFile> Inputs;
-  UnitResult Result = analyzeUnit(DB, Cmd, Opts, Inputs);
+  UnitResult Result = analyzeIsolated(Cmd, Opts);
   // A unit that does not parse may lack a header that appears later.
-  if (Cache && Result.ParseErrors.empty() && !Inputs.empty())
-    Cache->store(Key, Result, Inputs);
+  if (Cache && Result.ParseErrors.empty() && !Result.Inputs.empty())
+    Cache->store(Key, Result, Result.Inputs);
   return Result;
 }
 
 unsigned reportBrokenUnits(llvm::ArrayRef<UnitResult> Units,
                            llvm::StringRef Tool) {
   unsigned Broken = 0;
-  for (const UnitResult &U : Units)
-    if (!U.ParseErrors.empty()) {
-      ++Broken;
-      llvm::WithColor::error(llvm::errs(), Tool)
-          << U.File << ": cannot be analysed: " << U.ParseErrors.front()
-          << (U.ParseErrors.size() > 1
-                  ? " (and " + std::to_string(U.ParseErrors.size() - 1) +
-                        " more errors)"
-                  : std::string())
-          << "\n";
-    }
+  for (const UnitResult &U : Units) {
+    if (U.ParseErrors.empty())
+      continue;
+    ++Broken;
+    size_t More = U.ParseErrors.size() - 1;
+    llvm::WithColor::error(llvm::errs(), Tool)
+        << U.File << ": not analysed: " << U.ParseErrors.front()
+        << (More ? " (and " + std::to_string(More) + " more errors)" : "")
+        << "\n";
+    if (!U.CrashLog.empty())
+      llvm::errs() << U.CrashLog << (U.CrashLog.back() == '\n' ? "" : "\n");
+  }
   return Broken;
 }
 
@@ -665,6 +779,7 @@ std::vector<UnitResult> analyze(const CompilationDatabase &DB,
       Pool.async([&, I] { Run(I); });
     Pool.wait();
   }
+  removeWorkerFiles();
   for (char R : Reused)
     ++(R ? Stats.FromCache : Stats.Analysed);
   return Results;

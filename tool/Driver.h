@@ -10,6 +10,7 @@
 #include "clang/Tooling/CompilationDatabase.h"
 #include "llvm/Support/Error.h"
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,12 +23,17 @@ struct RunOptions {
   std::string Checks;      // --checks, appended to the configuration's
   std::string Config;      // --config (YAML)
   std::string ConfigFile;  // --config-file
+  std::optional<std::string> HeaderFilter; // --header-filter, over the configuration's
+  std::string LineFilter;  // --line-filter (JSON, as in clang-tidy)
   std::vector<std::string> ExtraArgs, ExtraArgsBefore;
   unsigned Jobs = 0;       // 0: all cores
   bool Progress = false;   // a progress line on stderr (a terminal)
   ResultCache *Cache = nullptr;
   /// Keep the registration sites of each unit (`ulplint report`).
   bool CollectSites = false;
+  /// The stack a unit is analysed on, in MiB: deeply nested code needs more
+  /// than the usual 8 MiB.
+  unsigned StackMiB = 64;
 };
 
 /// A file a unit read, and the hash of the content it read.
@@ -46,6 +52,11 @@ struct UnitResult {
   UnitFacts Facts;
   /// Registration sites, when RunOptions::CollectSites.
   SiteSink Sites;
+  /// When the analysis crashed: the worker's stack dump, for bug reports.
+  std::string CrashLog;
+  /// The files the unit read and the content hash it saw: --fix refuses a
+  /// file that changed since (its offsets would be wrong).
+  std::vector<InputFile> Inputs;
 };
 
 /// Drops the findings whose condition another unit's fact settles.
@@ -102,6 +113,12 @@ unsigned reportBrokenUnits(llvm::ArrayRef<UnitResult> Units,
 struct RunStats {
   unsigned Analysed = 0, FromCache = 0;
 };
+
+/// Runs the checks on the unit of \p Cmd (a final command, see
+/// effectiveCommand) in this process, recording the files it read in
+/// \p Inputs. Worker processes call it (Worker.h).
+UnitResult analyzeUnit(const clang::tooling::CompileCommand &Cmd,
+                       const RunOptions &Opts, std::vector<InputFile> &Inputs);
 
 /// Analyses \p Files, -j at a time, or takes their results from the cache;
 /// results come back in input order, conditions not yet settled.

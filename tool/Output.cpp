@@ -1,6 +1,8 @@
 //===- Output.cpp - Findings as text, JSON and SARIF; fixes ---------------===//
 
 #include "Output.h"
+#include "Cache.h"
+#include "Files.h"
 #include "engine/Rules.h"
 #include "clang-tidy/ClangTidy.h"
 #include "clang/Tooling/Core/Diagnostic.h"
@@ -93,18 +95,25 @@ std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root) {
 std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units,
                                      llvm::StringRef SourceRoot) {
   std::vector<Finding> Out;
-  std::set<std::tuple<std::string, std::string, unsigned, std::string>> Seen;
+  using Key = std::tuple<std::string, std::string, unsigned, std::string>;
+  // The unit each finding is credited to: one that parsed, if any did.
+  std::map<Key, const UnitResult *> Seen;
   std::map<std::string, unsigned> Occurrences;
   for (const UnitResult &U : Units) {
     std::vector<Finding> Unit;
     for (const ClangTidyError &E : U.Findings) {
       Finding F;
       F.Error = &E;
+      F.Unit = &U;
       F.File = absolutePath(E.Message.FilePath, E.BuildDirectory);
-      if (!Seen.insert({E.DiagnosticName, F.File, E.Message.FileOffset,
-                        E.Message.Message})
-               .second)
+      auto [It, New] = Seen.try_emplace(
+          Key{E.DiagnosticName, F.File, E.Message.FileOffset, E.Message.Message},
+          &U);
+      if (!New) {
+        if (!It->second->ParseErrors.empty() && U.ParseErrors.empty())
+          It->second = &U;
         continue;
+      }
       std::tie(F.Line, F.Column) =
           sources().lineColumn(F.File, E.Message.FileOffset);
       const RuleInfo *Rule = Rules::embedded().rule(E.DiagnosticName);
@@ -117,6 +126,9 @@ std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units,
     });
     Out.insert(Out.end(), Unit.begin(), Unit.end());
   }
+  for (Finding &F : Out)
+    F.Unit = Seen[Key{F.Error->DiagnosticName, F.File, F.Error->Message.FileOffset,
+                      F.Error->Message.Message}];
   // Fingerprints survive edits elsewhere in the file: the check, the file
   // (relative to the source root, so the same on every machine), the
   // finding's own line with whitespace normalised, and which occurrence of
@@ -203,11 +215,14 @@ json::Array fixedToJson(llvm::ArrayRef<BaselineEntry> Fixed) {
   return Out;
 }
 
-json::Array unitErrors(llvm::ArrayRef<UnitResult> Units) {
+/// Units not analysed, with paths relative to the source root as findings'.
+json::Array unitErrors(llvm::ArrayRef<UnitResult> Units,
+                       llvm::StringRef SourceRoot) {
   json::Array Errors;
   for (const UnitResult &U : Units)
     for (const std::string &Msg : U.ParseErrors)
-      Errors.push_back(json::Object{{"file", U.File}, {"message", Msg}});
+      Errors.push_back(json::Object{{"file", relativeTo(U.File, SourceRoot)},
+                                    {"message", Msg}});
   return Errors;
 }
 } // namespace
@@ -256,7 +271,7 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
   json::Object Root{{"tool", "ulplint"},
                     {"version", ULPLINT_VERSION},
                     {"findings", std::move(Items)},
-                    {"errors", unitErrors(Units)},
+                    {"errors", unitErrors(Units, Opts.SourceRoot)},
                     {"units", static_cast<int64_t>(Units.size())}};
   if (Opts.Baseline)
     Root["fixed"] = fixedToJson(Opts.Fixed);
@@ -265,14 +280,40 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
   OS << llvm::formatv("{0:2}", json::Value(std::move(Root))) << "\n";
 }
 
+std::string uriPath(llvm::StringRef Path) {
+  std::string Out;
+  for (unsigned char C : Path) {
+    if (llvm::isAlnum(C) || llvm::StringRef("-._~/").contains(C))
+      Out += C;
+    else
+      Out += "%" + llvm::utohexstr(C, /*LowerCase=*/false, 2);
+  }
+  return Out;
+}
+
+std::string uriPathDecoded(llvm::StringRef Uri) {
+  std::string Out;
+  for (size_t I = 0; I < Uri.size(); ++I) {
+    unsigned Byte;
+    if (Uri[I] == '%' && I + 2 < Uri.size() &&
+        !Uri.substr(I + 1, 2).getAsInteger(16, Byte)) {
+      Out += static_cast<char>(Byte);
+      I += 2;
+    } else {
+      Out += Uri[I];
+    }
+  }
+  return Out;
+}
+
 static json::Object sarifLocation(const std::string &File, unsigned Line,
                                   unsigned Column, const OutputOptions &Opts) {
   std::string Rel = relativeTo(File, Opts.SourceRoot);
-  json::Object Artifact{{"uri", Rel}};
+  json::Object Artifact{{"uri", uriPath(Rel)}};
   if (llvm::sys::path::is_relative(Rel))
     Artifact["uriBaseId"] = "SRCROOT";
   else
-    Artifact["uri"] = "file://" + Rel;
+    Artifact["uri"] = "file://" + uriPath(Rel);
   return json::Object{
       {"physicalLocation",
        json::Object{{"artifactLocation", std::move(Artifact)},
@@ -398,7 +439,7 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                                   {"version", ULPLINT_VERSION},
                                   {"rules", std::move(RuleList)}}}}},
       {"originalUriBaseIds",
-       json::Object{{"SRCROOT", json::Object{{"uri", "file://" + Root}}}}},
+       json::Object{{"SRCROOT", json::Object{{"uri", "file://" + uriPath(Root)}}}}},
       {"invocations",
        json::Array{json::Object{
            {"executionSuccessful", Notifications.empty()},
@@ -422,50 +463,130 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
 
 //===-- Fixes -------------------------------------------------------------===//
 
-llvm::Expected<unsigned> applyFixes(llvm::ArrayRef<Finding> Findings,
-                                    bool FromNotes) {
-  std::map<std::string, clang::tooling::Replacements> ByFile;
-  unsigned Applied = 0;
+namespace {
+/// The fixes of one file, however many paths reach it.
+struct FileFixes {
+  std::string Path; // the first path a fix named
+  clang::tooling::Replacements Reps;
+  std::set<std::tuple<unsigned, unsigned, std::string>> Seen;
+  std::string Hash;    // the content its units analysed
+  std::string Problem; // why it is not fixed
+};
+using FixMap = std::map<llvm::sys::fs::UniqueID, FileFixes>;
+
+/// The content hash \p U saw for the file \p ID, or "" if unknown.
+std::string hashSeenBy(const UnitResult &U, llvm::sys::fs::UniqueID ID) {
+  for (const InputFile &In : U.Inputs) {
+    llvm::sys::fs::UniqueID InID;
+    if (!llvm::sys::fs::getUniqueID(In.Path, InID) && InID == ID)
+      return In.Hash;
+  }
+  return "";
+}
+
+/// Adds the replacements of one finding: all, or none if one conflicts.
+/// Replacements another path to the same file already brought are skipped;
+/// returns the files the finding changes (none: a duplicate or a conflict).
+std::vector<llvm::sys::fs::UniqueID>
+addFinding(const Finding &F,
+           const llvm::StringMap<clang::tooling::Replacements> &Fix,
+           FixMap &Files) {
+  std::vector<std::pair<llvm::sys::fs::UniqueID, clang::tooling::Replacement>> New;
+  for (const auto &[File, Reps] : Fix) {
+    std::string Path = absolutePath(File, F.Error->BuildDirectory);
+    llvm::sys::fs::UniqueID ID;
+    if (std::error_code EC = llvm::sys::fs::getUniqueID(Path, ID)) {
+      FileFixes &Missing = Files[{}]; // no file has this identity
+      Missing.Path = Path;
+      Missing.Problem = EC.message();
+      return {};
+    }
+    FileFixes &FF = Files[ID];
+    std::string Seen = F.Unit ? hashSeenBy(*F.Unit, ID) : "";
+    if (FF.Path.empty()) {
+      FF.Path = Path;
+      FF.Hash = Seen;
+    } else if (FF.Hash != Seen) {
+      FF.Problem = "its units read different versions of it";
+    }
+    for (const auto &R : Reps)
+      if (FF.Seen.insert({R.getOffset(), R.getLength(), R.getReplacementText().str()})
+              .second)
+        New.push_back({ID, clang::tooling::Replacement(FF.Path, R.getOffset(),
+                                                       R.getLength(),
+                                                       R.getReplacementText())});
+  }
+  FixMap Trial; // only the replacements of the files this finding touches
+  for (auto &[ID, R] : New) {
+    auto &T = Trial.try_emplace(ID, Files[ID]).first->second;
+    if (llvm::Error Err = T.Reps.add(R)) {
+      llvm::consumeError(std::move(Err));
+      for (auto &[ID2, R2] : New) // forget the conflicting finding's keys
+        Files[ID2].Seen.erase({R2.getOffset(), R2.getLength(),
+                               R2.getReplacementText().str()});
+      return {};
+    }
+  }
+  std::vector<llvm::sys::fs::UniqueID> Touched;
+  for (auto &[ID, T] : Trial) {
+    Files[ID].Reps = std::move(T.Reps);
+    Touched.push_back(ID);
+  }
+  return Touched;
+}
+
+/// Writes one fixed file; an error message, or "" when it is written.
+std::string writeFixed(const FileFixes &FF) {
+  std::string Where = "cannot fix '" + FF.Path + "': ";
+  if (!FF.Problem.empty())
+    return Where + FF.Problem;
+  auto Buffer = llvm::MemoryBuffer::getFile(FF.Path, false, false);
+  if (!Buffer)
+    return Where + Buffer.getError().message();
+  if (FF.Hash.empty() || contentHash((*Buffer)->getBuffer()) != FF.Hash)
+    return Where + "it changed after it was analysed (the fixes' offsets "
+                   "would be wrong); run ulplint again";
+  auto Fixed = clang::tooling::applyAllReplacements((*Buffer)->getBuffer(), FF.Reps);
+  if (!Fixed)
+    return Where + llvm::toString(Fixed.takeError());
+  if (llvm::Error E = writeFileSafely(
+          FF.Path, [&](llvm::raw_ostream &OS) { OS << *Fixed; }))
+    return llvm::toString(std::move(E));
+  return "";
+}
+} // namespace
+
+FixSummary applyFixes(llvm::ArrayRef<Finding> Findings, const FixOptions &Opts) {
+  FixSummary S;
+  FixMap Files;
+  std::vector<std::vector<llvm::sys::fs::UniqueID>> Applied;
   for (const Finding &F : Findings) {
     const ClangTidyError &E = *F.Error;
     const llvm::StringMap<clang::tooling::Replacements> *Fix =
-        FromNotes ? clang::tooling::selectFirstFix(E) : &E.Message.Fix;
+        Opts.FromNotes ? clang::tooling::selectFirstFix(E) : &E.Message.Fix;
     if (!Fix || Fix->empty())
       continue;
-    // All of a finding's replacements apply, or none does.
-    auto Saved = ByFile;
-    bool Conflict = false;
-    for (const auto &[File, Reps] : *Fix)
-      for (const auto &R : Reps) {
-        std::string Path = absolutePath(File, E.BuildDirectory);
-        clang::tooling::Replacement Abs(Path, R.getOffset(), R.getLength(),
-                                        R.getReplacementText());
-        if (llvm::Error Err = ByFile[Path].add(Abs)) {
-          llvm::consumeError(std::move(Err));
-          Conflict = true;
-        }
-      }
-    if (Conflict) {
-      ByFile = std::move(Saved);
+    if (F.Unit && !F.Unit->ParseErrors.empty() && !Opts.FixErrors) {
+      ++S.NotParsed;
       continue;
     }
-    ++Applied;
+    std::vector<llvm::sys::fs::UniqueID> Touched = addFinding(F, *Fix, Files);
+    if (!Touched.empty())
+      Applied.push_back(std::move(Touched));
   }
-  for (auto &[Path, Reps] : ByFile) {
-    auto Buffer = llvm::MemoryBuffer::getFile(Path);
-    if (!Buffer)
-      return llvm::createStringError(Buffer.getError(),
-                                     "cannot read '" + Path + "' to fix it");
-    auto Fixed = clang::tooling::applyAllReplacements((*Buffer)->getBuffer(), Reps);
-    if (!Fixed)
-      return Fixed.takeError();
-    std::error_code EC;
-    llvm::raw_fd_ostream Out(Path, EC);
-    if (EC)
-      return llvm::createStringError(EC, "cannot write '" + Path + "'");
-    Out << *Fixed;
+  std::set<llvm::sys::fs::UniqueID> Failed;
+  for (const auto &[ID, FF] : Files) {
+    if (FF.Reps.empty() && FF.Problem.empty())
+      continue;
+    std::string Error = writeFixed(FF);
+    if (!Error.empty()) {
+      S.Errors.push_back(std::move(Error));
+      Failed.insert(ID);
+    }
   }
-  return Applied;
+  for (const auto &Touched : Applied)
+    S.Applied += llvm::none_of(Touched, [&](auto ID) { return Failed.count(ID); });
+  return S;
 }
 
 void exportFixes(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,

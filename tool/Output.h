@@ -4,6 +4,7 @@
 #define ULPLINT_TOOL_OUTPUT_H
 
 #include "Driver.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 #include <optional>
@@ -14,6 +15,8 @@ namespace ulplint::tool {
 /// need (positions, severity from the catalog, a stable fingerprint).
 struct Finding {
   const clang::tidy::ClangTidyError *Error = nullptr;
+  /// The unit that reported it (one that parsed, if several did).
+  const UnitResult *Unit = nullptr;
   std::string File;       // absolute path
   unsigned Line = 0, Column = 0;
   std::string Severity;   // error | warning | note, from rules/catalog.yaml
@@ -29,6 +32,13 @@ inline constexpr llvm::StringLiteral FingerprintKind = "ulplintFingerprint/v2";
 /// order. Fingerprints name files relative to \p SourceRoot.
 std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units,
                                      llvm::StringRef SourceRoot);
+
+/// \p Path as the path of a URI reference (RFC 3986): every byte but
+/// unreserved characters and '/' percent-encoded, so spaces, '%', '#', '?'
+/// and non-ASCII names stay one valid reference.
+std::string uriPath(llvm::StringRef Path);
+/// The inverse of uriPath.
+std::string uriPathDecoded(llvm::StringRef Uri);
 
 /// \p Path relative to \p Root if it is inside it, else unchanged.
 std::string relativeTo(llvm::StringRef Path, llvm::StringRef Root);
@@ -46,6 +56,9 @@ struct OutputOptions {
   /// findings that are gone are listed as fixed.
   bool Baseline = false;
   std::vector<BaselineEntry> Fixed;
+  /// Baseline findings in units that were not analysed: not known to be
+  /// fixed, and kept by --write-baseline.
+  std::vector<BaselineEntry> Unverified;
   /// Shard outputs carry the units' unsettled results and facts for
   /// `ulplint merge` (Shards.h).
   std::optional<llvm::json::Value> Shard;
@@ -58,11 +71,24 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
 void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                 llvm::ArrayRef<UnitResult> Units, const OutputOptions &Opts);
 
-/// Applies the fix-its of \p Findings to the files in place. With
-/// \p FromNotes, a finding without a fix of its own uses its first note's.
-/// Returns the number of findings whose fixes were applied.
-llvm::Expected<unsigned> applyFixes(llvm::ArrayRef<Finding> Findings,
-                                    bool FromNotes);
+struct FixOptions {
+  /// A finding without a fix of its own uses its first note's.
+  bool FromNotes = false;
+  /// Also fix findings of units that do not parse (clang-tidy's --fix-errors).
+  bool FixErrors = false;
+};
+
+struct FixSummary {
+  unsigned Applied = 0;     // findings whose fixes are now in the files
+  unsigned NotParsed = 0;   // findings left alone: their unit does not parse
+  std::vector<std::string> Errors; // files that could not be fixed, and why
+};
+
+/// Applies the fix-its of \p Findings to the files in place. Replacements
+/// are grouped by file identity (device and inode), so a file reached
+/// through a symbolic link or a hard link is fixed once; a file whose
+/// content changed since its unit read it is left alone and reported.
+FixSummary applyFixes(llvm::ArrayRef<Finding> Findings, const FixOptions &Opts);
 
 /// clang-apply-replacements YAML for every finding with a fix.
 void exportFixes(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
@@ -72,13 +98,20 @@ void exportFixes(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
 
 /// The findings of a baseline file, or of a JSON or SARIF output of ulplint.
 llvm::Expected<std::vector<BaselineEntry>> readBaseline(llvm::StringRef Path);
-/// Writes \p Findings as a baseline.
+/// Writes \p Findings, then \p Kept (entries of units not analysed), as a
+/// baseline.
 llvm::Error writeBaseline(llvm::StringRef Path, llvm::ArrayRef<Finding> Findings,
-                          llvm::StringRef SourceRoot);
+                          llvm::StringRef SourceRoot,
+                          llvm::ArrayRef<BaselineEntry> Kept = {});
 /// Marks each finding "new" or "unchanged" by its fingerprint; returns the
-/// baseline's findings that no longer occur.
-std::vector<BaselineEntry> applyBaseline(llvm::MutableArrayRef<Finding> Findings,
-                                         llvm::ArrayRef<BaselineEntry> Baseline);
+/// baseline's findings that no longer occur. Those in \p NotAnalysed files
+/// (relative to the source root) go to \p Unverified instead: their unit
+/// said nothing.
+std::vector<BaselineEntry>
+applyBaseline(llvm::MutableArrayRef<Finding> Findings,
+              llvm::ArrayRef<BaselineEntry> Baseline,
+              const llvm::StringSet<> &NotAnalysed,
+              std::vector<BaselineEntry> &Unverified);
 
 } // namespace ulplint::tool
 

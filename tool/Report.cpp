@@ -1,6 +1,7 @@
 //===- Report.cpp - The migration report ----------------------------------===//
 
 #include "Report.h"
+#include "Files.h"
 #include "engine/Rules.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -570,14 +571,12 @@ int runReport() {
   settleConditions(Units);
   std::vector<Finding> Findings = collectFindings(Units, Opts.SourceRoot);
 
-  std::error_code EC;
-  std::unique_ptr<raw_fd_ostream> File;
-  if (!OutputFile.empty()) {
-    File = std::make_unique<raw_fd_ostream>(OutputFile, EC);
-    if (EC)
-      return fail("cannot write '" + OutputFile + "': " + EC.message());
-  }
-  writeReport(File ? *File : outs(), Units, Findings, Opts);
+  Error Written = writeFileSafely(OutputFile.empty() ? "-" : StringRef(OutputFile),
+                                  [&](raw_ostream &OS) {
+                                    writeReport(OS, Units, Findings, Opts);
+                                  });
+  if (Written)
+    return fail(toString(std::move(Written)));
 
   unsigned Broken = reportBrokenUnits(Units, "ulplint report");
   size_t NumSites = 0;

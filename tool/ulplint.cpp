@@ -1,19 +1,23 @@
 //===- ulplint.cpp - The ulplint command ----------------------------------===//
 //
 // Runs the rdma-* checks over a compile database, like clang-tidy but with
-// CI in mind: parallel units, a result cache, shards and their merge,
-// baselines, machine-readable output and strict exit codes (0 no new
-// findings, 1 new findings, 2 usage or input errors).
+// CI in mind: parallel units each in a process of its own, a result cache,
+// shards and their merge, baselines, machine-readable output and strict
+// exit codes (0 no new findings, 1 new findings, 2 usage, input or output
+// errors, or a unit not analysed).
 //
 //===----------------------------------------------------------------------===//
 
 #include "Cache.h"
 #include "Driver.h"
+#include "Files.h"
 #include "Output.h"
 #include "Report.h"
 #include "Shards.h"
+#include "Worker.h"
 #include "engine/Rules.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -21,6 +25,7 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
+#include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/WithColor.h"
 #include "clang/Tooling/CompilationDatabase.h"
 
@@ -54,6 +59,21 @@ cl::opt<std::string> Checks(
     cl::desc("Comma-separated globs of checks to run, as in clang-tidy; added "
              "after the configuration's (e.g. -rdma-access-flags-transport)"),
     cl::cat(Category));
+cl::opt<std::string> HeaderFilter(
+    "header-filter",
+    cl::desc("Regular expression of headers whose findings are reported, as "
+             "in clang-tidy (the main file's always are); overrides "
+             "HeaderFilterRegex of the configuration"),
+    cl::value_desc("regex"), cl::cat(Category));
+cl::opt<std::string> LineFilter(
+    "line-filter",
+    cl::desc("Report findings only in these lines of these files, as in "
+             "clang-tidy: '[{\"name\": \"file.c\", \"lines\": [[1, 30]]}, ...]'"),
+    cl::value_desc("json"), cl::cat(Category));
+/// -h is LLVM's alias of --help and takes any unknown option starting with
+/// h (--header-filer=...) for it; a plain option of that name does not.
+cl::opt<bool> ShortHelp("h", cl::desc("Alias for --help"), cl::Hidden,
+                        cl::sub(cl::SubCommand::getAll()));
 cl::opt<std::string> Config("config",
                             cl::desc("Configuration in YAML, as in clang-tidy"),
                             cl::cat(Category));
@@ -81,6 +101,11 @@ cl::opt<bool> FixNotes("fix-notes",
                        cl::desc("With --fix, also apply fixes attached to notes "
                                 "(migrations toward rdma_rw and regcore)"),
                        cl::cat(Category));
+cl::opt<bool> FixErrors(
+    "fix-errors",
+    cl::desc("Apply fixes even in translation units that do not parse (as "
+             "clang-tidy's --fix-errors; implies --fix)"),
+    cl::cat(Category));
 cl::opt<std::string> ExportFixes(
     "export-fixes",
     cl::desc("Write fixes as clang-apply-replacements YAML to this file"),
@@ -118,6 +143,11 @@ cl::opt<std::string> CacheDir(
     cl::desc("Keep unit results here between runs (default with -p: "
              "BUILD_DIR/.ulplint-cache)"),
     cl::value_desc("dir"), cl::cat(Category));
+cl::opt<std::string> CacheMaxSize(
+    "cache-max-size",
+    cl::desc("Bound of the cache directory: least recently used entries go "
+             "first (K, M, G suffixes; 0 for no bound; default 1G)"),
+    cl::value_desc("size"), cl::init("1G"), cl::cat(Category));
 cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the cache"),
                       cl::cat(Category));
 cl::opt<std::string> Baseline(
@@ -135,6 +165,18 @@ cl::opt<bool> PrintCommands(
     cl::desc("Print the commands clang parses each selected unit with, as "
              "JSON, and exit (for testsuite/bench)"),
     cl::Hidden, cl::cat(Category));
+cl::opt<std::string> UnitWorker(
+    "unit-worker",
+    cl::desc("Analyse the one unit a request file describes (ulplint runs "
+             "itself this way for each unit)"),
+    cl::value_desc("request"), cl::Hidden, cl::sub(cl::SubCommand::getAll()),
+    cl::cat(Category));
+cl::opt<unsigned> UnitStackSize(
+    "unit-stack-size",
+    cl::desc("Stack of each unit's analysis, in MiB (deeper nesting needs "
+             "more)"),
+    cl::init(64), cl::Hidden, cl::sub(cl::SubCommand::getAll()),
+    cl::cat(Category));
 #undef ULPLINT_SHARED
 
 const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol code
@@ -149,12 +191,35 @@ const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol 
   ulplint report -p BUILD_DIR -o report.html|report.md
                                       migration report (see report --help)
 
-Exit status: 0 no new findings, 1 new findings, 2 usage or input errors.
+Exit status: 0 no new findings, 1 new findings, 2 usage, input or output
+errors, or a unit that could not be analysed.
 )";
 
 int usageError(const Twine &Msg) {
   WithColor::error(errs(), "ulplint") << Msg << "\n";
   return 2;
+}
+
+/// The compiler's complaints about the flags after '--', one "error:" each;
+/// a ulplint option put there gets a hint.
+std::string describeFlagErrors(StringRef Text) {
+  SmallVector<StringRef, 4> Lines;
+  Text.split(Lines, '\n', -1, false);
+  std::string Out, Hint;
+  auto &Known = cl::getRegisteredOptions();
+  for (StringRef L : Lines) {
+    L = L.trim();
+    if (!L.consume_front("error: ") && !L.consume_front("warning: "))
+      continue;
+    Out += (Out.empty() ? "" : "; ") + L.str();
+    StringRef Arg = L.split("unknown argument: '").second.split('\'').first;
+    StringRef Name = Arg.ltrim('-').split('=').first;
+    if (!Name.empty() && Known.count(Name) && Hint.empty())
+      Hint = " ('" + Arg.str() + "' is a ulplint option: put it before '--'; "
+             "what follows '--' goes to the compiler)";
+  }
+  return "compiler flags after '--': " + (Out.empty() ? Text.trim().str() : Out) +
+         Hint;
 }
 
 int listChecks() {
@@ -282,34 +347,70 @@ void printCommands(const clang::tooling::CompilationDatabase &DB,
   outs() << formatv("{0:2}", json::Value(std::move(Out))) << "\n";
 }
 
-int writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
-                const OutputOptions &Opts) {
-  std::unique_ptr<raw_fd_ostream> File;
-  raw_ostream *OS = &outs();
-  if (!OutputFile.empty()) {
-    std::error_code EC;
-    File = std::make_unique<raw_fd_ostream>(OutputFile, EC);
-    if (EC)
-      return usageError("cannot write '" + OutputFile + "': " + EC.message());
-    OS = File.get();
+/// Writes the findings to -o (safely) or standard output.
+Error writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
+                  const OutputOptions &Opts) {
+  return writeFileSafely(OutputFile.empty() ? "-" : StringRef(OutputFile),
+                         [&](raw_ostream &OS) {
+                           if (Format == "json")
+                             writeJson(OS, Findings, Units, Opts);
+                           else if (Format == "sarif")
+                             writeSarif(OS, Findings, Units, Opts);
+                           else
+                             writeText(OS, Findings);
+                         });
+}
+
+/// What --write-baseline keeps of the old baseline: the findings of units
+/// not analysed this time (from --baseline, else from the file it replaces).
+std::vector<BaselineEntry> keptBaseline(const OutputOptions &Opts,
+                                        const StringSet<> &NotAnalysed) {
+  if (NotAnalysed.empty())
+    return {};
+  if (Opts.Baseline)
+    return Opts.Unverified;
+  std::vector<BaselineEntry> Kept;
+  auto Old = readBaseline(WriteBaseline);
+  if (!Old) {
+    consumeError(Old.takeError()); // none yet, or unusable: nothing to keep
+    return Kept;
   }
-  if (Format == "json")
-    writeJson(*OS, Findings, Units, Opts);
-  else if (Format == "sarif")
-    writeSarif(*OS, Findings, Units, Opts);
-  else
-    writeText(*OS, Findings);
-  return 0;
+  for (const BaselineEntry &B : *Old)
+    if (NotAnalysed.contains(B.File))
+      Kept.push_back(B);
+  return Kept;
 }
 
 void reportBaseline(ArrayRef<Finding> Findings, const OutputOptions &Opts) {
   unsigned New = llvm::count_if(
       Findings, [](const Finding &F) { return F.BaselineState == "new"; });
   errs() << "ulplint: baseline: " << New << " new, " << Findings.size() - New
-         << " unchanged, " << Opts.Fixed.size() << " fixed\n";
+         << " unchanged, " << Opts.Fixed.size() << " fixed";
+  if (!Opts.Unverified.empty())
+    errs() << ", " << Opts.Unverified.size()
+           << " unknown (in units not analysed)";
+  errs() << "\n";
   for (const BaselineEntry &B : Opts.Fixed)
     errs() << "ulplint: fixed: " << B.File << ":" << B.Line << ": " << B.Message
            << " [" << B.Check << "]\n";
+}
+
+/// --fix: applies the fixes and says what was not applied; true when a
+/// file could not be fixed.
+bool fix(ArrayRef<Finding> Findings) {
+  FixOptions Opts;
+  Opts.FromNotes = FixNotes;
+  Opts.FixErrors = FixErrors;
+  FixSummary S = applyFixes(Findings, Opts);
+  for (const std::string &E : S.Errors)
+    WithColor::error(errs(), "ulplint") << E << "\n";
+  if (S.NotParsed)
+    WithColor::warning(errs(), "ulplint")
+        << "fixes of " << S.NotParsed << " finding(s) not applied: their "
+        << "translation unit does not parse (--fix-errors applies them anyway)\n";
+  if (!Quiet)
+    errs() << "ulplint: applied fixes of " << S.Applied << " finding(s)\n";
+  return !S.Errors.empty();
 }
 
 /// Settles the units' conditions, compares with the baseline, writes the
@@ -322,33 +423,36 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
   Opts.Shard = std::move(Shard);
   settleConditions(Units);
   std::vector<Finding> Findings = collectFindings(Units, Opts.SourceRoot);
+  StringSet<> NotAnalysed;
+  for (const UnitResult &U : Units)
+    if (!U.ParseErrors.empty())
+      NotAnalysed.insert(relativeTo(U.File, Opts.SourceRoot));
   if (!Baseline.empty()) {
     auto Known = readBaseline(Baseline);
     if (!Known)
       return usageError(toString(Known.takeError()));
     Opts.Baseline = true;
-    Opts.Fixed = applyBaseline(Findings, *Known);
+    Opts.Fixed = applyBaseline(Findings, *Known, NotAnalysed, Opts.Unverified);
   }
 
-  if (int Rc = writeOutput(Findings, Units, Opts))
-    return Rc;
+  // Each output is written or reported; a failure is an I/O error (2).
+  bool IOFailed = false;
+  auto Report = [&](Error E) {
+    if (E) {
+      IOFailed = true;
+      WithColor::error(errs(), "ulplint") << toString(std::move(E)) << "\n";
+    }
+  };
+  Report(writeOutput(Findings, Units, Opts));
   if (!WriteBaseline.empty())
-    if (Error E = writeBaseline(WriteBaseline, Findings, Opts.SourceRoot))
-      return usageError(toString(std::move(E)));
-  if (!ExportFixes.empty()) {
-    std::error_code EC;
-    raw_fd_ostream OS(ExportFixes, EC);
-    if (EC)
-      return usageError("cannot write '" + ExportFixes + "': " + EC.message());
-    exportFixes(OS, Findings, MainFile);
-  }
-  if (Fix) {
-    auto Applied = applyFixes(Findings, FixNotes);
-    if (!Applied)
-      return usageError(toString(Applied.takeError()));
-    if (!Quiet)
-      errs() << "ulplint: applied fixes of " << *Applied << " finding(s)\n";
-  }
+    Report(writeBaseline(WriteBaseline, Findings, Opts.SourceRoot,
+                         keptBaseline(Opts, NotAnalysed)));
+  if (!ExportFixes.empty())
+    Report(writeFileSafely(ExportFixes, [&](raw_ostream &OS) {
+      exportFixes(OS, Findings, MainFile);
+    }));
+  if (Fix || FixErrors)
+    IOFailed |= fix(Findings);
 
   unsigned Broken = reportBrokenUnits(Units, "ulplint");
   if (!Quiet) {
@@ -359,7 +463,7 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
            << (Broken ? ", " + std::to_string(Broken) + " not analysed" : "")
            << "\n";
   }
-  if (Broken)
+  if (Broken || IOFailed)
     return 2;
   bool AnyNew = llvm::any_of(
       Findings, [](const Finding &F) { return F.BaselineState != "unchanged"; });
@@ -371,10 +475,10 @@ int merge() {
   // Top-level options parse in subcommands too; refuse the analysis's.
   // (cl::list overloads &: std::addressof gives the option.)
   for (const cl::Option *O : std::initializer_list<const cl::Option *>{
-           &BuildPath, &Checks, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes,
+           &BuildPath, &Checks, &HeaderFilter, &LineFilter, &Config, &ConfigFile, &Jobs, &Fix, &FixNotes, &FixErrors,
            &ExportFixes, std::addressof(ExtraArgs),
            std::addressof(ExtraArgsBefore), std::addressof(Include),
-           std::addressof(Exclude), &Shard, &CacheDir, &NoCache,
+           std::addressof(Exclude), &Shard, &CacheDir, &CacheMaxSize, &NoCache,
            &PrintCommands, &ListChecks, &Explain})
     if (O->getNumOccurrences())
       return usageError("'merge' joins shard outputs; " +
@@ -416,7 +520,7 @@ loadInputDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed) {
 int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
                     const char *Argv0) {
   ShardSpec Spec;
-  if (!Shard.empty()) {
+  if (Shard.getNumOccurrences()) {
     auto Parsed = parseShard(Shard);
     if (!Parsed)
       return usageError(toString(Parsed.takeError()));
@@ -439,16 +543,23 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   RunOptions Run;
   Run.Checks = Checks;
   Run.Config = Config;
+  if (HeaderFilter.getNumOccurrences())
+    Run.HeaderFilter = HeaderFilter;
+  Run.LineFilter = LineFilter;
   Run.ConfigFile = ConfigFile;
   Run.ExtraArgs = ExtraArgs;
   Run.ExtraArgsBefore = ExtraArgsBefore;
   Run.Jobs = Jobs;
+  Run.StackMiB = UnitStackSize;
   if (PrintCommands) {
     printCommands(**DB, *Files, Run);
     return 0;
   }
   if (Error E = verifyConfiguration(Run, *Files))
     return usageError(toString(std::move(E)));
+  auto MaxCache = parseSize(CacheMaxSize);
+  if (!MaxCache)
+    return usageError("--cache-max-size: " + toString(MaxCache.takeError()));
   Run.Progress = !Quiet && sys::Process::StandardErrIsDisplayed();
   std::unique_ptr<ResultCache> Cache = openCache(Argv0);
   Run.Cache = Cache.get();
@@ -458,6 +569,11 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   if (Cache && !Quiet)
     errs() << "ulplint: " << Units.size() << " unit(s): " << Stats.Analysed
            << " analysed, " << Stats.FromCache << " from the cache\n";
+  if (Cache)
+    if (unsigned Pruned = Cache->maintain(*MaxCache); Pruned && !Quiet)
+      errs() << "ulplint: cache: " << Pruned
+             << " least recently used entries removed (--cache-max-size="
+             << CacheMaxSize << ")\n";
   std::optional<json::Value> ShardData;
   if (Spec.Count)
     ShardData = shardSection(Spec, Total, Indices, Units);
@@ -466,8 +582,24 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
 }
 } // namespace
 
+/// The exit status of the command line.
+static int run(int argc, const char **argv);
+
 int main(int argc, const char **argv) {
   InitLLVM X(argc, argv);
+  int Rc = run(argc, argv);
+  // A failed standard output is an I/O error, whatever the findings.
+  if (Error E = flushStandardOutput()) {
+    WithColor::error(errs(), "ulplint") << toString(std::move(E)) << "\n";
+    Rc = 2;
+  }
+  errs().clear_error(); // nowhere left to report it
+  return Rc;
+}
+
+static int run(int argc, const char **argv) {
+  // The driver knows a cross compiler's target only if it is registered.
+  InitializeAllTargetInfos();
   // `file.c -- flags` names the compile command on the command line.
   std::string FixedError;
   std::unique_ptr<clang::tooling::CompilationDatabase> DB =
@@ -486,6 +618,16 @@ int main(int argc, const char **argv) {
     errs() << ErrStream.str();
     return 2;
   }
+  if (!UnitWorker.empty())
+    return runUnitWorker(UnitWorker);
+  if (ShortHelp) {
+    cl::PrintHelpMessage(false, true);
+    return 0;
+  }
+  if (UnitStackSize < 1 || UnitStackSize > 4095)
+    return usageError("--unit-stack-size must be between 1 and 4095 (MiB)");
+  static int Anchor;
+  setWorkerExecutable(sys::fs::getMainExecutable(argv[0], &Anchor));
   if (ReportCommand)
     return runReport();
   if (ListChecks)
@@ -495,10 +637,10 @@ int main(int argc, const char **argv) {
   if (Format != "text" && Format != "json" && Format != "sarif")
     return usageError("unknown --format '" + Format +
                       "' (expected text, json or sarif)");
-  if (FixNotes && !Fix)
+  if (FixNotes && !Fix && !FixErrors)
     return usageError("--fix-notes needs --fix");
   if (!FixedError.empty())
-    return usageError(FixedError);
+    return usageError(describeFlagErrors(FixedError));
   if (MergeCommand) {
     if (DB)
       return usageError("'merge' joins shard outputs; '--' compiler flags "
