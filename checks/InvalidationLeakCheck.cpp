@@ -20,12 +20,14 @@ static std::string releaseText(const LifeEvent &E) {
 
 void InvalidationLeakCheck::run(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
-  std::set<std::pair<const LifeEvent *, const Stmt *>> Reported;
+  // One finding per place: several releases reached through one call are
+  // one mistake at that call.
+  std::set<const void *> Reported;
   for (const LifeIncident &I : L.incidents()) {
     if (I.K != LifeIncident::ReleaseWhileExposed &&
         I.K != LifeIncident::ReleaseSkipsInvalidation)
       continue;
-    if (!Reported.insert({I.At, I.Anchor}).second)
+    if (!Reported.insert(I.Anchor ? static_cast<const void *>(I.Anchor) : I.At).second)
       continue;
     std::string Msg =
         I.K == LifeIncident::ReleaseWhileExposed

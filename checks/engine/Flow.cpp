@@ -128,6 +128,7 @@ void FunctionFlow::addDef(Def D) {
 }
 
 void FunctionFlow::collectDefs() {
+  llvm::SmallVector<const BinaryOperator *, 4> ThroughPointer;
   for (const CFGBlock *B : *Graph) {
     for (const CFGElement &El : *B) {
       auto CS = El.getAs<CFGStmt>();
@@ -137,6 +138,9 @@ void FunctionFlow::collectDefs() {
       if (const auto *BO = dyn_cast<BinaryOperator>(S)) {
         if (!BO->isAssignmentOp())
           continue;
+        if (const auto *UO = dyn_cast<UnaryOperator>(stripExpr(BO->getLHS()));
+            UO && UO->getOpcode() == UO_Deref && !BO->isCompoundAssignmentOp())
+          ThroughPointer.push_back(BO);
         if (auto L = locationOf(BO->getLHS()))
           addDef({BO->isCompoundAssignmentOp() ? Def::Compound : Def::Assign,
                   *L, S, BO->getRHS(), BO->getOpcode()});
@@ -180,6 +184,23 @@ void FunctionFlow::collectDefs() {
         }
       }
     }
+  }
+  // `*prev = wr` with `prev = &first` (or `prev = &last->next`) writes
+  // what prev points to: a tail pointer building a chain.
+  for (const BinaryOperator *BO : ThroughPointer) {
+    const auto *UO = cast<UnaryOperator>(stripExpr(BO->getLHS()));
+    std::optional<Location> P = locationOf(UO->getSubExpr());
+    if (!P || !P->Steps.empty())
+      continue;
+    llvm::SmallVector<Location, 4> Targets;
+    for (const Def &D : Defs)
+      if (D.Target == *P && D.K == Def::Assign && D.Value)
+        if (const auto *Addr = dyn_cast<UnaryOperator>(stripExpr(D.Value));
+            Addr && Addr->getOpcode() == UO_AddrOf)
+          if (auto T = locationOf(Addr->getSubExpr()))
+            Targets.push_back(*T);
+    for (const Location &T : Targets)
+      addDef({Def::Assign, T, BO, BO->getRHS(), BO_Assign});
   }
   // Local pointers assigned once from another location are aliases of it.
   // A declaration without initializer gives no value; it does not count.
@@ -589,12 +610,32 @@ FlagSet ValueEval::evalLocation(const Stmt *Use, const Location &L,
   FlagSet Result;
   for (const Def *D : Flow.reaching(L, Use)) {
     if (!D)
-      Result.add(FlagSet::unknown(nullptr));
+      Result.add(fromCallers(L, Depth));
     else
       Result.add(evalReaching(*D, L, Depth));
   }
   if (Result.empty())
     return FlagSet::unknown(Use);
+  return Result;
+}
+
+/// A parameter's value when the function starts: what the unit's callers
+/// pass (`fwm_map(cmd, IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE)`),
+/// and anything when callers elsewhere may pass something else.
+FlagSet ValueEval::fromCallers(const Location &L, unsigned Depth) const {
+  const auto *P = dyn_cast_or_null<ParmVarDecl>(L.Root);
+  const FunctionDecl *Fn = Flow.function();
+  if (!P || !L.Steps.empty() || Depth > 12)
+    return FlagSet::unknown(nullptr);
+  FlagSet Result;
+  unsigned Index = P->getFunctionScopeIndex();
+  for (const auto &[Call, Caller] : A.callersOf(Fn))
+    if (Index < Call->getNumArgs() && Caller != Fn) {
+      ValueEval Outer(A, A.flow(Caller), Depth + 2);
+      Result.add(Outer.eval(Call->getArg(Index), Depth + 2));
+    }
+  if (Result.empty() || Fn->isExternallyVisible())
+    Result.add(FlagSet::unknown(nullptr));
   return Result;
 }
 

@@ -172,6 +172,7 @@ private:
   FlagSet evalLocation(const clang::Stmt *Use, const Location &L,
                        unsigned Depth) const;
   FlagSet evalReaching(const Def &D, const Location &L, unsigned Depth) const;
+  FlagSet fromCallers(const Location &L, unsigned Depth) const;
   /// Values a helper of this unit returns, whatever its arguments.
   FlagSet evalCall(const clang::CallExpr *CE, unsigned Depth) const;
 

@@ -593,6 +593,23 @@ private:
       if (E.K == LifeEventKind::Produce && Inside(E.Slot) &&
           !llvm::is_contained(Found, E.Slot))
         Found.push_back(E.Slot);
+    // The struct's own handle fields, produced here or not: a request
+    // whose MR comes from another unit goes with it too.
+    Location Resolved = Container;
+    QualType T = Container.Root ? Container.Root->getType() : QualType();
+    for (const Location::Step &S : Container.Steps)
+      T = S.Field ? S.Field->getType() : QualType();
+    if (!T.isNull() && T->isPointerType())
+      if (const RecordDecl *RD = T->getPointeeType()->getAsRecordDecl())
+        if ((RD = RD->getDefinition()))
+          for (const FieldDecl *F : RD->fields())
+            if (isHandleType(A, F->getType())) {
+              Location Field = Resolved;
+              Field.Steps.push_back({F});
+              SlotKey Slot = SlotKey::of(Field, Fn);
+              if (Slot.isShared() && !llvm::is_contained(Found, Slot))
+                Found.push_back(Slot);
+            }
     return Found;
   }
 
@@ -664,21 +681,58 @@ private:
     add(E);
   }
 
+  /// Does a REG_MR work request grant remote rights (its access field)?
+  bool grantsRemote(const std::vector<const FieldStore *> &Access) {
+    uint64_t Remote = A.flagBit(Flag::RemoteWrite) | A.flagBit(Flag::RemoteRead) |
+                      A.flagBit(Flag::RemoteAtomic);
+    for (const FieldStore *Acc : Access)
+      for (const FlagAlt &Alt :
+           A.values(Acc->Fn)
+               .flagsAfter(A.flow(Acc->Fn).resolve(Acc->Target), Acc->At)
+               .Alts)
+        if (Alt.Known & Remote)
+          return true;
+    return false;
+  }
+
+public:
+  /// A REG_MR with remote rights built here but posted by code of another
+  /// unit (the caller of xprtrdma's frwr_map posts it): the key is exposed
+  /// where the registration is built.
+  void exposeUnpostedRegistrations() {
+    for (const FieldStore &Mr : A.stores()) {
+      if (Mr.Role != FieldRole::RegMr || !Mr.Value)
+        continue;
+      bool Posted = llvm::any_of(W.posts(), [&](const PostSite &P) {
+        return llvm::any_of(P.Chain, [&](const WrSlot &S) {
+          return llvm::any_of(S.Names, [&](const auto &N) {
+            return A.sameStorage(N.first, N.second, Mr.Object, Mr.Fn);
+          });
+        });
+      });
+      if (Posted)
+        continue;
+      std::vector<const FieldStore *> Access;
+      for (const FieldStore &Acc : A.stores())
+        if (Acc.Role == FieldRole::Access &&
+            A.sameStorage(Acc.Object, Acc.Fn, Mr.Object, Mr.Fn))
+          Access.push_back(&Acc);
+      if (!grantsRemote(Access))
+        continue;
+      if (auto Slot = handleSlot(Mr.Fn, Mr.Value))
+        add(event(LifeEventKind::Expose, *Slot, Mr.Fn, Mr.At, Mr.At->getBeginLoc(),
+                  A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr)));
+    }
+  }
+
+private:
   /// The handles a post registers for remote access or invalidates.
   void posted(const FunctionDecl *Fn, const PostSite &P) {
     const Stmt *S = P.Call->Call;
     SourceLocation Loc = S->getBeginLoc();
-    uint64_t Remote = A.flagBit(Flag::RemoteWrite) | A.flagBit(Flag::RemoteRead) |
-                      A.flagBit(Flag::RemoteAtomic);
     for (const WrSlot &W : P.Chain) {
       if (W.mayBe(Opcode::RegMr)) {
-        bool Grants = false;
-        for (const FieldStore *Acc : slotStores(A, W, FieldRole::Access))
-          for (const FlagAlt &Alt :
-               A.values(Acc->Fn)
-                   .flagsAfter(A.flow(Acc->Fn).resolve(Acc->Target), Acc->At)
-                   .Alts)
-            Grants |= (Alt.Known & Remote) != 0;
+        bool Grants = grantsRemote(slotStores(A, W, FieldRole::Access));
         if (Grants)
           for (const FieldStore *Mr : slotStores(A, W, FieldRole::RegMr))
             if (auto Slot = handleSlot(Mr->Fn, Mr->Value))
@@ -723,6 +777,7 @@ void extractEvents(Lifecycle &L) {
   for (const FunctionDecl *Fn : L.A.functions())
     B.extract(Fn);
   B.produceFromHelpers();
+  B.exposeUnpostedRegistrations();
   B.exposeLeavingKeys();
   B.destroyPools();
 }

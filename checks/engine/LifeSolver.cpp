@@ -168,6 +168,11 @@ private:
         continue;
       if (E.Slot.isShared())
         SharedSlots.insert(E.Slot);
+      if (E.K == LifeEventKind::InvalidatePost)
+        Invalidated.insert(E.Slot);
+      if (E.K == LifeEventKind::Produce || E.K == LifeEventKind::Bind ||
+          E.K == LifeEventKind::Expose || E.K == LifeEventKind::KeyStaged)
+        Prepares[E.Fn].insert(E.Slot);
       else if (isParamSlot(E.Slot))
         ParamSlots[E.Fn].insert(E.Slot);
       else
@@ -181,6 +186,8 @@ private:
       if (!Called)
         Roots.push_back(Fn);
     }
+    for (const Lifecycle::RemoteInvalidation &R : LC.RemoteInvs)
+      Invalidated.insert(R.Slots.begin(), R.Slots.end());
     findInvalidationCallbacks();
   }
 
@@ -207,6 +214,24 @@ private:
           Work.push_back(C->Callee);
     }
     return SharedTouched[Fn] = std::move(Out);
+  }
+
+  /// Does \p Fn (or a helper it calls) prepare \p Slot for an I/O:
+  /// produce, map or expose it? Such a root runs on an object whose earlier
+  /// I/O is over (the submit path), not on one whose key is still out.
+  bool prepares(const FunctionDecl *Fn, const SlotKey &Slot) {
+    std::vector<const FunctionDecl *> Work = {Fn};
+    std::set<const FunctionDecl *> Seen = {Fn};
+    while (!Work.empty()) {
+      const FunctionDecl *F = Work.back();
+      Work.pop_back();
+      if (Prepares[F].count(Slot))
+        return true;
+      for (const LifeEvent *C : Callees[F])
+        if (Seen.insert(C->Callee).second)
+          Work.push_back(C->Callee);
+    }
+    return false;
   }
 
   /// `req->inv_cqe.done = ulp_inv_done` where `inv_cqe` is the wr_cqe of a
@@ -263,29 +288,37 @@ private:
       if (sharedTouched(Fn).count(Slot))
         Touching.push_back(Fn);
     std::vector<PathState> Resting = {entryState({Life::None, true, false})};
+    // A key the unit invalidates is out between I/Os, wherever it was
+    // exposed (perhaps by another unit).
+    if (Invalidated.count(Slot))
+      Resting.push_back(entryState({Life::Exposed, true, false}));
     for (unsigned Round = 0; Round < budget::RestingRounds; ++Round) {
       size_t Before = Resting.size();
-      for (const FunctionDecl *Fn : Touching) {
-        if (InvalidationCallbacks.count(Fn))
-          continue;
-        for (size_t I = 0; I < Resting.size() && I < budget::RestingStates; ++I) {
-          PathState Entry = Resting[I];
+      for (const FunctionDecl *Fn : Touching)
+        for (const PathState &Entry : entries(Fn, Slot, Resting))
           for (const Exit &X : summary(Fn, Slot, Entry, 0).Exits)
             addResting(Resting, applied(X.S, Entry));
-        }
-      }
       if (Resting.size() == Before)
         break;
     }
-    for (const FunctionDecl *Fn : Touching) {
-      if (InvalidationCallbacks.count(Fn)) {
-        PathState Done = entryState({Life::Invalidated, true, false});
-        commit(summary(Fn, Slot, Done, 0), Done, nullptr);
-        continue;
-      }
-      for (const PathState &Entry : Resting)
+    for (const FunctionDecl *Fn : Touching)
+      for (const PathState &Entry : entries(Fn, Slot, Resting))
         commit(summary(Fn, Slot, Entry, 0), Entry, nullptr);
-    }
+  }
+
+  /// The states root \p Fn may find \p Slot in: invalidated for a
+  /// LOCAL_INV's done callback; without a key still out for a root that
+  /// prepares the slot for an I/O; any resting state otherwise.
+  std::vector<PathState> entries(const FunctionDecl *Fn, const SlotKey &Slot,
+                                 llvm::ArrayRef<PathState> Resting) {
+    if (InvalidationCallbacks.count(Fn))
+      return {entryState({Life::Invalidated, true, false})};
+    std::vector<PathState> Out(Resting.begin(), Resting.end());
+    if (prepares(Fn, Slot))
+      llvm::erase_if(Out, [](const PathState &S) {
+        return S.L == Life::Exposed || S.L == Life::Claimed;
+      });
+    return Out;
   }
 
   /// A resting state: what a root leaves behind, without the root's own
@@ -326,9 +359,14 @@ private:
       if (*P == &EntryMarker)
         *P = nullptr;
     for (const LifeIncident &O : LC.Incidents)
-      if (O.K == I.K && O.Slot == I.Slot && O.At == I.At && O.Exit == I.Exit)
+      if (sameIncident(O, I))
         return;
     LC.Incidents.push_back(I);
+  }
+
+  static bool sameIncident(const LifeIncident &O, const LifeIncident &I) {
+    return O.K == I.K && O.Slot == I.Slot && O.At == I.At && O.Exit == I.Exit &&
+           O.Anchor == I.Anchor;
   }
 
   /// Does the incident depend on the state its function was entered in?
@@ -499,9 +537,6 @@ private:
         return;
       }
     }
-    if (const Stmt *Loop = B.getTerminatorStmt())
-      for (PathState &S : States)
-        loopReleases(W, Loop, S);
     Out.insert(Out.end(), States.begin(), States.end());
   }
 
@@ -767,6 +802,11 @@ private:
   bool edge(Walk &W, const CFGBlock &From, unsigned Index, const CFGBlock &To,
             PathState &S) {
     const Stmt *Term = From.getTerminatorStmt();
+    // Leaving an unwinding loop: every element it releases is released,
+    // whatever the count (the body's own path reports its incidents).
+    if (Term && Index == 1 &&
+        (isa<ForStmt>(Term) || isa<WhileStmt>(Term) || isa<DoStmt>(Term)))
+      loopReleases(W, Term, S);
     const Expr *Cond = From.succ_size() == 2 ? From.getLastCondition() : nullptr;
     if (const auto *Switch = dyn_cast_or_null<SwitchStmt>(Term))
       return switchEdge(W, Switch, To, S);
@@ -1065,7 +1105,7 @@ private:
 
   void addIncident(Walk &W, const LifeIncident &I) {
     for (const LifeIncident &O : W.R.Incidents)
-      if (O.K == I.K && O.Slot == I.Slot && O.At == I.At && O.Exit == I.Exit)
+      if (sameIncident(O, I))
         return;
     W.R.Incidents.push_back(I);
   }
@@ -1073,9 +1113,9 @@ private:
   Lifecycle &LC;
   const TuAnalysis &A;
   CompletionFields Fields{A};
-  std::set<SlotKey> SharedSlots;
+  std::set<SlotKey> SharedSlots, Invalidated;
   std::map<const FunctionDecl *, std::set<SlotKey>> OwnSlots, ParamSlots, Touches,
-      SharedTouched;
+      SharedTouched, Prepares;
   std::map<const FunctionDecl *, std::vector<const LifeEvent *>> Callees;
   std::vector<const FunctionDecl *> Roots;
   std::set<const FunctionDecl *> InvalidationCallbacks;
