@@ -19,11 +19,17 @@
 #include "LifeEvents.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/ParentMap.h"
+#include "llvm/Support/CommandLine.h"
 #include <deque>
 
 using namespace clang;
 
 namespace ulplint {
+
+/// For developers: every event and incident of each unit, on stderr.
+static llvm::cl::opt<bool> DumpLifecycle(
+    "dump-lifecycle", llvm::cl::Hidden,
+    llvm::cl::desc("Print the lifecycle model's events and incidents"));
 
 namespace budget {
 /// Blocks one walk may process.
@@ -1130,8 +1136,24 @@ private:
 Lifecycle::Lifecycle(const TuAnalysis &A) : A(A) {
   extractEvents(*this);
   LifeSolver(*this).run();
+  if (DumpLifecycle)
+    dump(llvm::errs());
   exportFacts();
   reportIncomplete();
+}
+
+void Lifecycle::dump(llvm::raw_ostream &OS) const {
+  const SourceManager &SM = A.sources();
+  auto Line = [&](SourceLocation L) { return SM.getExpansionLineNumber(L); };
+  for (const LifeEvent &E : Events)
+    OS << E.Fn->getName() << ":" << Line(E.Loc) << " event " << unsigned(E.K)
+       << " " << E.Slot.str() << " " << E.What
+       << (E.Callee ? " -> " + E.Callee->getName().str() : "")
+       << (E.Stable ? "" : " unstable") << (E.Lazy ? " lazy" : "")
+       << (E.Remote ? " remote" : "") << "\n";
+  for (const LifeIncident &I : Incidents)
+    OS << I.Fn->getName() << ":" << Line(I.loc()) << " incident " << unsigned(I.K)
+       << " " << I.Slot.str() << "\n";
 }
 
 SourceLocation LifeIncident::loc() const {

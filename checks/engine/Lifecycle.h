@@ -125,6 +125,8 @@ public:
   bool releasesHeld(const LifeEvent *Release) const {
     return Holding.count(Release) != 0;
   }
+  /// The events and incidents, one per line (--dump-lifecycle).
+  void dump(llvm::raw_ostream &OS) const;
   /// "exposes:<slot>" etc., the facts ulplint shares between units.
   static std::string fact(FactKind K, const SlotKey &Slot);
 
