@@ -103,6 +103,26 @@ KeyTracker::KeyTracker(const TuAnalysis &A) : A(A) {
       if (auto Owner = keyOwner(A, stripExpr(D.Value)))
         Holders.try_emplace(Key, slotOf(A, *Owner, Fn));
     }
+  // `wr.bind_mw.rkey = f->key` with `wr.bind_mw.mw = f->mw`, and REG_MR's
+  // `reg_wr.key = k` with `reg_wr.mr = mr`: the value is that handle's key.
+  for (const FieldStore &Key : A.stores()) {
+    if ((Key.Role != FieldRole::BindRkey && Key.Role != FieldRole::RegKey) ||
+        !Key.Value)
+      continue;
+    FieldRole HandleRole =
+        Key.Role == FieldRole::BindRkey ? FieldRole::BindMw : FieldRole::RegMr;
+    std::optional<Location> Value = locationOf(Key.Value);
+    if (!Value || Value->Steps.empty())
+      continue;
+    SlotKey Holder = slotOf(A, *Value, Key.Fn);
+    if (!Holder.isShared())
+      continue;
+    for (const FieldStore &H : A.stores())
+      if (H.Role == HandleRole && H.Value &&
+          A.sameStorage(H.Object, H.Fn, Key.Object, Key.Fn))
+        if (auto L = locationOf(H.Value))
+          Holders.try_emplace(Holder, slotOf(A, *L, H.Fn));
+  }
 }
 
 std::optional<SlotKey> KeyTracker::keySlot(const FunctionDecl *Fn, const Expr *E,
@@ -574,6 +594,33 @@ private:
     }
   }
 
+  /// `r->next = q->free; q->free = r;`: \p Rhs goes onto a free list, and
+  /// the handles in it with it.
+  void pushed(const FunctionDecl *Fn, const BinaryOperator *BO,
+              const Location &Head, const Expr *Rhs) {
+    std::optional<Location> Item = locationOf(Rhs);
+    QualType T = Rhs->getType();
+    if (!Item || !Item->Steps.empty() || !T->isPointerType() ||
+        !T->getPointeeType()->getAsRecordDecl() || Head.Steps.empty())
+      return;
+    // Earlier in the function: the item's link field gets the old head.
+    bool Linked = llvm::any_of(A.flow(Fn).defs(), [&](const Def &D) {
+      if (D.K != Def::Assign || !D.Value || D.S == BO || D.Target.Steps.empty() ||
+          D.Target.Root != Item->Root)
+        return false;
+      std::optional<Location> Old = locationOf(D.Value);
+      return Old && A.sameStorage(*Old, Fn, Head, Fn);
+    });
+    if (!Linked)
+      return;
+    for (const SlotKey &Slot : handleSlotsWithin(Fn, *Item)) {
+      LifeEvent E = event(LifeEventKind::ContainerRelease, Slot, Fn, BO,
+                          BO->getBeginLoc(), "free list");
+      E.Stable = stable(Fn, *Item);
+      add(E);
+    }
+  }
+
   /// Slots of handles the unit stores inside \p Container.
   std::vector<SlotKey> handleSlotsWithin(const FunctionDecl *Fn,
                                          const Location &Container) {
@@ -661,10 +708,18 @@ private:
     if (auto From = handleSlot(Fn, Rhs)) {
       bool Alias = Target && Target->Steps.empty() &&
                    A.flow(Fn).resolve(*Target) != *Target;
-      if (!Alias && (!Target || slotOf(A, *Target, Fn) != *From))
+      // Naming the MR or window in a work request (REG_MR, a bind) uses
+      // it; the post decides what happens to it.
+      std::optional<FieldStore> Into = A.classifyMember(Lhs);
+      bool WorkRequest = Into && (Into->Role == FieldRole::RegMr ||
+                                  Into->Role == FieldRole::BindMw ||
+                                  Into->Role == FieldRole::BindMr);
+      if (!Alias && !WorkRequest && (!Target || slotOf(A, *Target, Fn) != *From))
         add(event(LifeEventKind::Escape, *From, Fn, BO, BO->getBeginLoc(),
                   "store"));
     }
+    if (Target)
+      pushed(Fn, BO, *Target, Rhs);
     if (!isHandleType(A, Lhs->getType()) || !Target)
       return;
     SlotKey Slot = slotOf(A, *Target, Fn);

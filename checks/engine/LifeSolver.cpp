@@ -195,6 +195,32 @@ private:
     for (const Lifecycle::RemoteInvalidation &R : LC.RemoteInvs)
       Invalidated.insert(R.Slots.begin(), R.Slots.end());
     findInvalidationCallbacks();
+    findInvalidationTags();
+  }
+
+  /// `inv.wr_id = (uintptr_t)f | PG_WR_INV`: the constant a LOCAL_INV's
+  /// wr_id carries, which its completion is recognised by.
+  void findInvalidationTags() {
+    for (const FieldStore &S : A.stores()) {
+      if (S.Role != FieldRole::WrId || !S.Value || S.Struct->Role != StructRole::SendWr)
+        continue;
+      bool Inv = false;
+      for (const FieldStore &Op : A.stores())
+        if (Op.Role == FieldRole::Opcode &&
+            A.sameStorage(Op.Object, Op.Fn, S.Object, S.Fn) &&
+            llvm::is_contained(opcodesOf(A, Op), Opcode::LocalInv))
+          Inv = true;
+      if (!Inv)
+        continue;
+      const Expr *V = stripExpr(S.Value);
+      if (auto C = A.values(S.Fn).constant(V))
+        InvTags.insert(*C);
+      else if (const auto *BO = dyn_cast<BinaryOperator>(V))
+        if (BO->getOpcode() == BO_Or || BO->getOpcode() == BO_Add)
+          for (const Expr *Side : {BO->getLHS(), BO->getRHS()})
+            if (auto C = A.values(S.Fn).constant(Side))
+              InvTags.insert(*C);
+    }
   }
 
   static bool isParamSlot(const SlotKey &S) {
@@ -842,6 +868,13 @@ private:
         S.ErrorBranch = If;
     }
     compareKeys(W, Cond, Term, Then, S);
+    // `if (wc->opcode == IBV_WC_LOCAL_INV)`, `if ((wc->wr_id & 3) == INV)`
+    if (holds(S.L))
+      if (const auto *BO = dyn_cast<BinaryOperator>(stripExpr(Cond)); BO && BO->isEqualityOp())
+        if ((BO->getOpcode() == BO_EQ) == Then &&
+            (invalidationCompleted(W, BO->getLHS(), BO->getRHS()) ||
+             invalidationCompleted(W, BO->getRHS(), BO->getLHS())))
+          S.L = Life::Invalidated;
     return true;
   }
 
@@ -850,10 +883,40 @@ private:
   bool switchEdge(Walk &W, const SwitchStmt *Switch, const CFGBlock &To,
                   PathState &S) {
     const auto *Case = dyn_cast_or_null<CaseStmt>(To.getLabel());
-    if (Case && holds(S.L) && completionOpcode(W, Switch->getCond(), Case->getLHS()) ==
-                                  Opcode::LocalInv)
+    if (Case && holds(S.L) && invalidationCompleted(W, Switch->getCond(), Case->getLHS()))
       S.L = Life::Invalidated;
     return true;
+  }
+
+  /// Does `Subject == Value` hold for the completion of a LOCAL_INV: its
+  /// opcode (IB_WC_LOCAL_INV), or the tag its wr_id carries?
+  bool invalidationCompleted(Walk &W, const Expr *Subject, const Expr *Value) {
+    if (completionOpcode(W, Subject, Value) == Opcode::LocalInv)
+      return true;
+    if (InvTags.empty() || !readsWrId(W, Subject))
+      return false;
+    auto C = A.values(W.Fn).constant(Value);
+    return C && InvTags.count(*C);
+  }
+
+  /// `wc->wr_id`, `wc->wr_id & 3`, a cast or copy of it.
+  bool readsWrId(Walk &W, const Expr *E, unsigned Depth = 0) {
+    E = stripExpr(E);
+    if (!E || Depth > 4)
+      return false;
+    if (const auto *BO = dyn_cast<BinaryOperator>(E))
+      return (BO->getOpcode() == BO_And || BO->getOpcode() == BO_Shr) &&
+             readsWrId(W, BO->getLHS(), Depth + 1);
+    std::optional<Location> L = locationOf(E);
+    if (!L)
+      return false;
+    if (auto F = A.classify(*L); F && F->Role == FieldRole::WcWrId)
+      return true;
+    if (L->Steps.empty())
+      for (const Def *D : A.flow(W.Fn).reaching(*L, E))
+        if (D && D->K == Def::Assign && D->Value && readsWrId(W, D->Value, Depth + 1))
+          return true;
+    return false;
   }
 
   /// The completion opcode \p Value names when \p Subject reads one.
@@ -1120,6 +1183,7 @@ private:
   const TuAnalysis &A;
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
+  std::set<int64_t> InvTags;
   std::map<const FunctionDecl *, std::set<SlotKey>> OwnSlots, ParamSlots, Touches,
       SharedTouched, Prepares;
   std::map<const FunctionDecl *, std::vector<const LifeEvent *>> Callees;
