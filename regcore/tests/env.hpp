@@ -53,6 +53,9 @@ struct Env {
   simverbs_peer *peer = nullptr;
   std::vector<uint8_t> remote;  // peer memory the QP's RDMA WRs target
   uint32_t remote_rkey = 0;
+  // Cache references whose lkeys posted receives use: put at teardown, as
+  // an lkey is only valid while its registration is referenced.
+  std::vector<regcore_mr *> held;
 
   Env(simverbs_profile p, Options o = Options()) : profile(p), opt(o) {
     ctx = open_device(p);
@@ -113,6 +116,7 @@ struct Env {
 
   ~Env() {
     if (qp) regcore_qp_destroy(core, qp);
+    for (regcore_mr *mr : held) regcore_mr_put(core, mr);
     simverbs_peer_destroy(peer);
     if (int err = regcore_close(core)) std::fprintf(stderr, "regcore_close: %d %s\n", err, regcore_last_error());
     ibv_destroy_cq(scq);

@@ -82,7 +82,7 @@ void post_recv(Env &e, void *buf, uint32_t len, uint64_t wr_id) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   CHECK_EQ(ibv_post_recv(e.qp, &wr, &bad), 0);
-  CHECK_EQ(regcore_mr_put(e.core, mr), 0);  // stays cached
+  e.held.push_back(mr);  // the lkey is valid while the registration is referenced
 }
 
 // A signaled SEND of `msg` (inline) to the peer.
