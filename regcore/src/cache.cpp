@@ -1,6 +1,8 @@
 // Registration cache: page-aligned MRs found by range and access, shared by
-// reference count, kept while idle only where the memory monitor watches
-// them, evicted least-recently-used within the declared budget.
+// reference count and kept while idle, evicted least-recently-used within
+// the declared budget. Only memory the monitor watches is cached: without
+// it nothing tells the cache that the pages behind an entry changed, so
+// every get registers and the last put deregisters.
 //
 // Index: entries of one class (domain, access) never overlap: a miss
 // registers the union of the same-class entries it overlaps and replaces
@@ -192,6 +194,7 @@ int Cache::get(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **o
   if (len == 0) return fail(EINVAL, "regcore_mr_get: zero length");
   if (addr + len < addr) return fail(EINVAL, "regcore_mr_get: range wraps");
   access = normalize_access(access);
+  if (!caching_idle()) return miss(d, addr, len, access, out);
   sync();
   Shard &s = shards_[shard_of(addr)];
   s.mu.lock();
@@ -299,11 +302,12 @@ int Cache::make_room_locked(uint64_t bytes, std::vector<Entry *> &dead) {
 }
 
 // Indexes a new registration. It stays unindexed (the caller's alone, gone
-// at its last put) when memory events since `since` touched it or another
-// thread cached an overlapping range meanwhile.
+// at its last put) when nothing watches its memory, memory events since
+// `since` touched it, or another thread cached an overlapping range
+// meanwhile.
 int Cache::insert_locked(Entry *e, uint64_t since, std::vector<Entry *> &dead) {
-  bool indexable = overlapping_within_locked(e->klass, e->start, e->end);
-  if (mon_ && indexable) {
+  bool indexable = e->monitored && caching_idle() && overlapping_within_locked(e->klass, e->start, e->end);
+  if (indexable) {
     std::vector<AddrRange> events;
     if (!mon_->ranges(since, processed_.load(std::memory_order_relaxed), events)) indexable = false;
     for (const AddrRange &r : events)
@@ -332,10 +336,12 @@ int Cache::miss(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **
   if (klass < 0) klass = add_class(d->index, access);
   if (klass < 0) return klass;
   std::vector<Entry *> dead;
+  AddrRange u{page_down(addr), page_up(addr + len)};
+  uint64_t since = 0;
   lock_all();
   sync_locked(dead);
-  AddrRange u = merge_span_locked(klass, page_down(addr), page_up(addr + len));
-  uint64_t since = processed_.load(std::memory_order_relaxed);
+  if (caching_idle()) u = merge_span_locked(klass, u.start, u.end);
+  since = processed_.load(std::memory_order_relaxed);
   misses_++;
   unlock_all();
   for (Entry *x : dead) destroy(x);
@@ -368,7 +374,7 @@ int Cache::miss(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **
   lock_all();
   sync_locked(dead);
   int err = insert_locked(e, since, dead);
-  if (!watched && !err) unmonitored_++;
+  if (!err && !indexed(e)) unmonitored_++;
   unlock_all();
   for (Entry *x : dead) destroy(x);
   if (err) {
@@ -383,7 +389,6 @@ int Cache::miss(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **
 
 void Cache::put(Entry *e) {
   // Read what we need while the reference keeps the entry ours.
-  bool keep = e->monitored;
   unsigned home = e->home;
   uint64_t old = e->state.fetch_sub(1, std::memory_order_acq_rel);
   if ((old & kRefMask) != 1) return;
@@ -392,10 +397,6 @@ void Cache::put(Entry *e) {
     return;
   }
   uint32_t gen = gen_of(old);
-  if (!keep || !caching_idle()) {
-    drop_idle(e, gen);
-    return;
-  }
   Shard &h = shards_[home];
   h.mu.lock();
   if (e->state.load(std::memory_order_acquire) == ((static_cast<uint64_t>(gen) << 32) | kIndexed)) {
@@ -404,18 +405,6 @@ void Cache::put(Entry *e) {
     lru_append_locked(e);
   }
   h.mu.unlock();
-}
-
-// An idle entry nobody watches: deregister it rather than keep it.
-void Cache::drop_idle(Entry *e, uint32_t gen) {
-  std::vector<Entry *> dead;
-  lock_all();
-  if (e->state.load(std::memory_order_acquire) == ((static_cast<uint64_t>(gen) << 32) | kIndexed)) {
-    unindex_locked(e, dead);
-    idle_drops_.fetch_add(1, std::memory_order_relaxed);
-  }
-  unlock_all();
-  for (Entry *x : dead) destroy(x);
 }
 
 void Cache::invalidate(uintptr_t addr, size_t len) {
@@ -530,7 +519,6 @@ void Cache::add_stats(regcore_stats &st) {
   st.cache_monitor_invalidations += monitor_invalidations_;
   st.cache_unmonitored += unmonitored_;
   unlock_all();
-  st.cache_idle_drops += idle_drops_.load(std::memory_order_relaxed);
 }
 
 }  // namespace rc

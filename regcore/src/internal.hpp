@@ -186,7 +186,6 @@ class Cache {
   void collect_overlapping_locked(uintptr_t a, uintptr_t b, int klass, std::vector<Entry *> &out) const;
   void unindex_locked(Entry *e, std::vector<Entry *> &dead);
   int make_room_locked(uint64_t bytes, std::vector<Entry *> &dead);
-  void drop_idle(Entry *e, uint32_t gen);
   void lru_unlink_locked(Entry *e);
   void lru_append_locked(Entry *e);
   void sync_slow();
@@ -212,8 +211,8 @@ class Cache {
   std::atomic<uint64_t> tick_{0};
   bool fork_protect_ = false;
   // counters written with all shard locks held (or atomically)
-  uint64_t misses_ = 0, evictions_ = 0, monitor_invalidations_ = 0, unmonitored_ = 0;
-  std::atomic<uint64_t> idle_drops_{0};
+  uint64_t misses_ = 0, evictions_ = 0, monitor_invalidations_ = 0;
+  uint64_t unmonitored_ = 0;  // registrations made without caching them
   std::mutex free_mu_;
   Entry *free_ = nullptr;
   std::vector<std::unique_ptr<Entry[]>> slabs_;

@@ -116,7 +116,8 @@ struct Env {
 
   ~Env() {
     if (qp) regcore_qp_destroy(core, qp);
-    for (regcore_mr *mr : held) regcore_mr_put(core, mr);
+    for (regcore_mr *mr : held)
+      if (int err = regcore_mr_put(core, mr)) std::fprintf(stderr, "put: %d %s\n", err, regcore_last_error());
     simverbs_peer_destroy(peer);
     if (int err = regcore_close(core)) std::fprintf(stderr, "regcore_close: %d %s\n", err, regcore_last_error());
     ibv_destroy_cq(scq);

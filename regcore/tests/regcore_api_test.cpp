@@ -585,58 +585,6 @@ TEST(partial_post_moves_the_qp_to_error) {
   CHECK_EQ(regcore_rw_ctx_destroy(ctx), 0);
 }
 
-TEST(cache_shares_and_invalidates) {
-  Options o;
-  Env e(SIMVERBS_PROFILE_MLX5, o);
-  std::vector<uint8_t> buf(3 * 4096);
-  regcore_mr *a = nullptr, *b = nullptr, *c = nullptr;
-  CHECK_EQ(regcore_mr_get(e.core, buf.data() + 10, 100, IBV_ACCESS_LOCAL_WRITE, &a), 0);
-  CHECK_EQ(regcore_mr_get(e.core, buf.data() + 20, 50, 0, &b), 0);
-  CHECK(a == b);  // covered, fewer rights asked
-  CHECK_EQ(regcore_mr_lkey(a), a->lkey);
-  CHECK_EQ(regcore_mr_get(e.core, buf.data() + 20, 50, IBV_ACCESS_REMOTE_WRITE, &c), 0);
-  CHECK(c != a);
-  CHECK(c->access & IBV_ACCESS_LOCAL_WRITE);  // added for REMOTE_WRITE
-  uint32_t old_lkey = a->lkey;
-  CHECK_EQ(regcore_mr_invalidate_range(e.core, buf.data(), buf.size()), 0);
-  CHECK_EQ(simverbs_key_query(e.pd, old_lkey, nullptr), 0);  // still referenced
-  CHECK_EQ(regcore_mr_put(e.core, a), 0);
-  CHECK_EQ(regcore_mr_put(e.core, b), 0);
-  CHECK_EQ(simverbs_key_query(e.pd, old_lkey, nullptr), -ENOKEY);  // last put deregistered
-  CHECK_EQ(regcore_mr_put(e.core, c), 0);
-  CHECK_EQ(regcore_mr_get(e.core, buf.data() + 10, 100, IBV_ACCESS_LOCAL_WRITE, &a), 0);
-  CHECK(a->lkey != old_lkey);
-  CHECK_EQ(regcore_mr_put(e.core, a), 0);
-  regcore_stats st;
-  regcore_get_stats(e.core, &st);
-  CHECK_EQ(st.cache_hits, 1u);
-}
-
-TEST(cache_budget_evicts_lru_then_refuses) {
-  ibv_context *ctx = testenv::open_device(SIMVERBS_PROFILE_MLX4);
-  ibv_pd *pd = ibv_alloc_pd(ctx);
-  regcore_attr at{};
-  at.max_ctxs = 1;
-  at.cache_max_entries = 2;
-  regcore *core;
-  CHECK_EQ(regcore_open(pd, &at, &core), 0);
-  std::vector<uint8_t> buf(4 * 4096);
-  regcore_mr *m[3];
-  for (int i = 0; i < 2; i++) CHECK_EQ(regcore_mr_get(core, buf.data() + i * 4096, 10, 0, &m[i]), 0);
-  CHECK_EQ(regcore_mr_get(core, buf.data() + 2 * 4096, 10, 0, &m[2]), -ENOSPC);
-  CHECK_EQ(regcore_mr_put(core, m[0]), 0);
-  CHECK_EQ(regcore_mr_get(core, buf.data() + 2 * 4096, 10, 0, &m[2]), 0);  // evicts m[0]
-  regcore_stats st;
-  regcore_get_stats(core, &st);
-  CHECK_EQ(st.cache_evictions, 1u);
-  CHECK_EQ(regcore_close(core), -EBUSY);
-  CHECK_EQ(regcore_mr_put(core, m[1]), 0);
-  CHECK_EQ(regcore_mr_put(core, m[2]), 0);
-  CHECK_EQ(regcore_close(core), 0);
-  ibv_dealloc_pd(pd);
-  ibv_close_device(ctx);
-}
-
 TEST(own_poll_loop_and_ulp_lkeys) {
   Env e(SIMVERBS_PROFILE_MTHCA);
   Scatter s(6, 64, 4096);  // 3 READs: two internal completions on a flush

@@ -17,7 +17,8 @@
  *    that QP's lock; different QPs run in parallel.
  *  - Cached registrations never outlive the memory they cover: memory
  *    events (munmap, mremap, madvise, brk) are monitored with userfaultfd;
- *    where that is unavailable, unreferenced registrations are not kept.
+ *    memory that is not monitored is not cached: each regcore_mr_get
+ *    registers it and the last regcore_mr_put deregisters it.
  *  - The ULP must pass every completion of a QP created by regcore through
  *    regcore_poll_cq() or regcore_process_wc(): regcore consumes its own
  *    internal completions there and restores the ULP's wr_id on the one
@@ -54,7 +55,8 @@ enum regcore_flags {
 	/* Never use memory windows for reg contexts; use per-context MRs. */
 	REGCORE_F_NO_MW = 1 << 1,
 	/* Do not monitor memory events (also: REGCORE_MONITOR=off in the
-	 * environment). The cache then keeps no unreferenced registration. */
+	 * environment). The cache then caches nothing: every regcore_mr_get
+	 * registers, the last regcore_mr_put deregisters. */
 	REGCORE_F_NO_MONITOR = 1 << 2,
 	/* Do not MADV_DONTFORK cached ranges when ibv_is_fork_initialized()
 	 * reports IBV_FORK_DISABLED. */
@@ -375,11 +377,10 @@ int regcore_mr_get(struct regcore *core, void *addr, size_t length,
 int regcore_mr_get_pd(struct regcore *core, struct ibv_pd *pd, void *addr,
 		      size_t length, unsigned access, struct regcore_mr **mr);
 int regcore_mr_put(struct regcore *core, struct regcore_mr *mr);
-/* Drops every cached registration overlapping the range. With the monitor
- * running this happens by itself on munmap/mremap/madvise/brk; call it for
- * memory the monitor cannot see (file mappings, shmdt) or with
- * REGCORE_MONITOR_NONE before reusing memory that is still referenced.
- * Referenced entries are deregistered on their last put. */
+/* Drops every cached registration overlapping the range, so that later
+ * gets register anew. The monitor does this by itself on munmap, mremap,
+ * madvise(DONTNEED/FREE/REMOVE) and brk; memory it cannot watch is never
+ * cached. Referenced entries are deregistered on their last put. */
 int regcore_mr_invalidate_range(struct regcore *core, void *addr,
 				size_t length);
 uint32_t regcore_mr_lkey(const struct regcore_mr *mr);
@@ -402,9 +403,8 @@ struct regcore_stats {
 	uint64_t eagain;		/* budget/queue-room refusals */
 	uint64_t cache_hits, cache_misses, cache_evictions;
 	uint64_t cache_monitor_invalidations; /* entries dropped by memory events */
-	uint64_t cache_unmonitored;	/* registrations the monitor cannot watch */
-	uint64_t cache_idle_drops;	/* unwatched entries deregistered at their
-					   last put instead of being kept */
+	uint64_t cache_unmonitored;	/* registrations not cached: no monitor, or
+					   memory it cannot watch (file mappings) */
 	uint32_t ctxs_in_use;
 	uint32_t mrs_in_use;
 };
