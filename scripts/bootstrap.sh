@@ -30,6 +30,8 @@ packages=(
   clang-tidy-22 libibverbs-dev librdmacm-dev
   chromium   # the HTML report is tested in headless Chromium
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc   # clangd's exported targets
+  libclang-rt-22-dev   # ThreadSanitizer runtime: regcore's shared-core stress test
+  libucx-dev           # UCX's registration cache, regcore_bench's reference
 )
 
 install_packages() {

@@ -29,6 +29,7 @@ constexpr uint64_t kPage = 4096;
 
 uint64_t page_down(uint64_t a) { return a & ~(kPage - 1); }
 
+#ifndef SIMVERBS_NO_INTERPOSE
 // The interposers run inside arbitrary code, including our own while it
 // holds pin_mu (a large free() may unmap): never re-enter.
 thread_local bool t_in_pin = false;
@@ -75,6 +76,7 @@ void release_pages(const void *addr, size_t len, int64_t moved_by = 0) {
   }
   t_in_pin = false;
 }
+#endif
 
 }  // namespace
 
