@@ -391,23 +391,17 @@ void release_stage(Ctx *ctx, StageRec *st, bool bounce) {
 
 // --------------------------------------------------------------- contexts
 
+// Chains are reset when posted, runs/wrs/wr_sges refilled by init, and
+// resources emptied when the context was recycled; rw fields are set by
+// every rw init. What remains is the state a reg context reads.
 void Ctx::clear_for_reuse() {
   life = kInit;
   ulp_done = false;
-  chains[0].reset();
-  chains[1].reset();
+  chains[0].state = chains[1].state = Chain::kIdle;
+  chains[0].status = chains[1].status = IBV_WC_SUCCESS;
   nwr = reserved_credits = 0;
-  refs.clear();
-  own_mrs.clear();
-  mkey = nullptr;
-  stage = nullptr;
-  mw = nullptr;
-  runs.clear();
-  wr_sges.clear();
-  wrs.clear();
-  remote_addr = bytes = 0;
-  rkey = reg_rkey = 0;
   key = kNoKey;
+  reg_rkey = 0;
   reg_addr = 0;
   reg_len = 0;
   remote_access = 0;
@@ -589,27 +583,6 @@ void run_callbacks(Core *, std::vector<DueCallback> &due) {
   due.clear();
 }
 
-// ------------------------------------------------------------- coalescing
-
-void coalesce(const ibv_sge *sgl, unsigned nsge, std::vector<ibv_sge> &runs, uint64_t *bytes) {
-  runs.clear();
-  uint64_t total = 0;
-  for (unsigned i = 0; i < nsge; i++) {
-    if (sgl[i].length == 0) continue;
-    total += sgl[i].length;
-    if (!runs.empty()) {
-      ibv_sge &last = runs.back();
-      if (last.lkey == sgl[i].lkey && last.addr + last.length == sgl[i].addr &&
-          static_cast<uint64_t>(last.length) + sgl[i].length <= UINT32_MAX) {
-        last.length += sgl[i].length;
-        continue;
-      }
-    }
-    runs.push_back(sgl[i]);
-  }
-  *bytes = total;
-}
-
 // ------------------------------------------------------------- domains
 
 namespace {
@@ -759,23 +732,7 @@ const char *regcore_reg_strategy_name(enum regcore_reg_strategy s) {
 enum regcore_rw_strategy regcore_policy_decide(const struct regcore_policy *p,
                                                enum regcore_dir dir, unsigned runs,
                                                uint64_t bytes, unsigned flags) {
-  if (dir == REGCORE_DIR_READ && p->read_always_mr) return REGCORE_RW_MR_REG;
-  regcore_rw_strategy rule = dir == REGCORE_DIR_READ ? p->beyond_sge_read : p->beyond_sge_write;
-  unsigned max_sge = dir == REGCORE_DIR_READ ? p->max_sge_read : p->max_sge_write;
-  bool force = flags & REGCORE_F_FORCE_MR;
-  if (runs <= max_sge && !force) return REGCORE_RW_SINGLE_WR;
-  switch (rule) {
-    case REGCORE_RW_INDIRECT:
-      if (p->indirect && runs <= p->max_sge_per_ctx) return REGCORE_RW_INDIRECT;
-      break;
-    case REGCORE_RW_MR_STAGED:
-      if (bytes <= p->stage_bytes) return REGCORE_RW_MR_STAGED;
-      break;
-    default:
-      break;
-  }
-  if (force) return REGCORE_RW_MR_REG;
-  return runs <= max_sge ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
+  return decide(*p, dir, runs, bytes, flags);
 }
 
 int regcore_policy_get(const struct regcore *core, struct regcore_policy *out) {
@@ -875,10 +832,6 @@ int regcore_open(struct ibv_pd *pd, const struct regcore_attr *attr, struct regc
     Ctx &ctx = core->pool[i];
     ctx.core = core;
     ctx.chains[0].ctx = ctx.chains[1].ctx = &ctx;
-    // Room for the largest context, so that posting never allocates.
-    ctx.runs.reserve(core->attr.max_sge_per_ctx);
-    ctx.refs.reserve(core->attr.max_sge_per_ctx);
-    ctx.wrs.reserve(core->attr.max_sge_per_ctx);
     core->free_ctxs.push_back(&ctx);
   }
   *out = handle_of(core);

@@ -51,31 +51,28 @@ int memo_install(QpState *qs, Entry *e) {
 int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out) {
   Cache &cache = qs->core->cache;
   access = normalize_access(access);
-  bool memo = cache.caching_idle();
-  if (memo) {
-    cache.sync();
-    uintptr_t end = addr + len;
-    for (int i = 0; i < QpState::kMemo; i++) {
-      MemoSlot &m = qs->memo[i];
-      Entry *e = m.e;
-      if (!e || m.retiring) continue;
-      if (!indexed(e)) {
-        memo_retire(qs, m);
-        continue;
-      }
-      if (e->start <= addr && end <= e->end && (e->pub.access & access) == access &&
-          e->domain == qs->dom->index) {
-        m.inflight++;
-        m.last = ++qs->memo_tick;
-        qs->stats.cache_hits++;
-        *out = {e, static_cast<int8_t>(i)};
-        return 0;
-      }
+  // Slots are only filled while the monitor runs; events it reported (and a
+  // fork, which stops it) unindex their entries before they are trusted.
+  cache.sync();
+  uintptr_t end = addr + len;
+  for (int i = 0; i < QpState::kMemo; i++) {
+    MemoSlot &m = qs->memo[i];
+    Entry *e = m.e;
+    if (!e || m.retiring || e->start > addr || end > e->end || (e->pub.access & access) != access) continue;
+    if (!indexed(e)) {
+      memo_retire(qs, m);
+      continue;
     }
+    if (e->domain != qs->dom->index) continue;
+    m.inflight++;
+    m.last = ++qs->memo_tick;
+    qs->stats.cache_hits++;
+    *out = {e, static_cast<int8_t>(i)};
+    return 0;
   }
   Entry *e = nullptr;
   if (int err = cache.get(qs->dom, addr, len, access, &e)) return err;
-  *out = {e, static_cast<int8_t>(memo ? memo_install(qs, e) : -1)};
+  *out = {e, static_cast<int8_t>(cache.caching_idle() ? memo_install(qs, e) : -1)};
   return 0;
 }
 
@@ -124,13 +121,23 @@ void dereg_own_mrs(Ctx *ctx) {
 
 // ------------------------------------------------------------ building
 
+// Runs of one I/O usually share a registration: a run inside the entry the
+// previous run found uses it again (one more use of the same memo slot).
 int resolve_lkeys(Ctx *ctx) {
   QpState *qs = ctx->qp;
+  const RunRef *last = nullptr;
   for (ibv_sge &r : ctx->runs) {
     if (r.lkey) continue;  // the ULP registered it itself
     RunRef ref;
-    if (int err = qp_cache_get(qs, r.addr, r.length, qs->dom->internal_access, &ref)) return err;
+    if (last && last->slot >= 0 && last->e->start <= r.addr && r.addr + r.length <= last->e->end) {
+      ref = *last;
+      qs->memo[ref.slot].inflight++;
+      qs->stats.cache_hits++;
+    } else if (int err = qp_cache_get(qs, r.addr, r.length, qs->dom->internal_access, &ref)) {
+      return err;
+    }
     ctx->refs.push_back(ref);
+    last = &ctx->refs.back();
     r.lkey = ref.e->pub.lkey;
   }
   return 0;
@@ -138,14 +145,18 @@ int resolve_lkeys(Ctx *ctx) {
 
 // RDMA WRs over `list`, max_sge SGEs each, consecutive remote addresses.
 // Vectors keep their capacity across reuse of the context.
-void build_rdma_wrs(Ctx *ctx, const std::vector<ibv_sge> &list, unsigned max_sge) {
-  ctx->wrs.assign(div_up(list.size(), max_sge), ibv_send_wr{});
+void build_rdma_wrs(Ctx *ctx, const SgeVec &list, unsigned max_sge) {
+  ctx->wrs.resize(list.size() <= max_sge ? 1 : div_up(list.size(), max_sge));
   uint64_t raddr = ctx->remote_addr;
   size_t next = 0;
   for (ibv_send_wr &wr : ctx->wrs) {
+    // Every field a provider reads for RDMA READ/WRITE; wr_id, next and
+    // send_flags are set at post.
+    wr.send_flags = 0;
+    wr.imm_data = 0;
     wr.opcode = ctx->dir == REGCORE_DIR_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
     wr.sg_list = const_cast<ibv_sge *>(&list[next]);
-    wr.num_sge = static_cast<int>(std::min<size_t>(max_sge, list.size() - next));
+    wr.num_sge = static_cast<int>(std::min<uint32_t>(max_sge, list.size() - static_cast<uint32_t>(next)));
     wr.wr.rdma.remote_addr = raddr;
     wr.wr.rdma.rkey = ctx->rkey;
     for (int i = 0; i < wr.num_sge; i++) raddr += list[next + i].length;
@@ -168,7 +179,7 @@ int init_mr_reg(Ctx *ctx) {
   Core *core = ctx->core;
   unsigned access = ctx->dir == REGCORE_DIR_READ ? qs->policy.read_sink_access : 0;
   if (ctx->runs.size() > core->attr.max_mrs)
-    return fail(E2BIG, "the context needs %zu per-context MRs, more than max_mrs=%u", ctx->runs.size(),
+    return fail(E2BIG, "the context needs %u per-context MRs, more than max_mrs=%u", ctx->runs.size(),
                 core->attr.max_mrs);
   ctx->wr_sges.clear();
   for (const ibv_sge &r : ctx->runs) {
@@ -579,15 +590,14 @@ int regcore_rw_ctx_init(struct regcore_rw_ctx **out, struct regcore *handle, str
   coalesce(sgl, nsge, ctx->runs, &bytes);  // into the context's reused storage
   if (ctx->runs.empty()) return abandon(ctx, fail(EINVAL, "regcore_rw_ctx_init: empty SGE list"));
   if (ctx->runs.size() > qs->policy.max_sge_per_ctx)
-    return abandon(ctx, fail(E2BIG, "%zu SGEs exceed the declared max_sge_per_ctx=%u", ctx->runs.size(),
+    return abandon(ctx, fail(E2BIG, "%u SGEs exceed the declared max_sge_per_ctx=%u", ctx->runs.size(),
                              qs->policy.max_sge_per_ctx));
   if (bytes > UINT32_MAX) return abandon(ctx, fail(EINVAL, "regcore_rw_ctx_init: more than 4 GiB"));
   ctx->dir = dir;
   ctx->remote_addr = remote_addr;
   ctx->rkey = rkey;
   ctx->bytes = bytes;
-  ctx->strategy = regcore_policy_decide(&qs->policy, dir, static_cast<unsigned>(ctx->runs.size()), bytes,
-                                        ctx->core->attr.flags);
+  ctx->strategy = decide(qs->policy, dir, ctx->runs.size(), bytes, ctx->core->attr.flags);
   if (int err = build_rw(ctx)) return abandon(ctx, err);
   qs->stats.rw_ctxs[ctx->strategy]++;
   *out = reinterpret_cast<regcore_rw_ctx *>(ctx);
@@ -770,7 +780,7 @@ int regcore_reg_ctx_init_iov(struct regcore_reg_ctx **out, struct regcore *handl
   coalesce(ctx->wr_sges.data(), iovcnt, ctx->runs, &ctx->bytes);
   if (ctx->runs.empty()) return abandon(ctx, fail(EINVAL, "regcore_reg_ctx_init_iov: empty SGL"));
   if (ctx->runs.size() > qs->policy.max_sge_per_ctx)
-    return abandon(ctx, fail(E2BIG, "%zu elements exceed the declared max_sge_per_ctx=%u", ctx->runs.size(),
+    return abandon(ctx, fail(E2BIG, "%u elements exceed the declared max_sge_per_ctx=%u", ctx->runs.size(),
                              qs->policy.max_sge_per_ctx));
   ctx->reg_len = ctx->bytes;
   int err;

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,62 @@ struct Ctx;
 struct Domain;
 struct QpState;
 class Cache;
+
+// --------------------------------------------------------------- storage
+
+// A vector of trivially copyable T whose first N elements live inside the
+// object: a context's SGEs, references and WRs sit next to its other hot
+// fields instead of in separate heap blocks (fewer cache misses per I/O).
+// Grows onto the heap beyond N and keeps that capacity.
+template <typename T, uint32_t N>
+class SmallVec {
+ public:
+  SmallVec() = default;
+  SmallVec(const SmallVec &) = delete;
+  SmallVec &operator=(const SmallVec &) = delete;
+  ~SmallVec() {
+    if (data_ != inline_) free(data_);
+  }
+  uint32_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T *data() { return data_; }
+  const T *data() const { return data_; }
+  T *begin() { return data_; }
+  T *end() { return data_ + size_; }
+  const T *begin() const { return data_; }
+  const T *end() const { return data_ + size_; }
+  T &operator[](uint32_t i) { return data_[i]; }
+  const T &operator[](uint32_t i) const { return data_[i]; }
+  T &back() { return data_[size_ - 1]; }
+  void clear() { size_ = 0; }
+  void push_back(const T &v) {
+    if (size_ == cap_) reserve(cap_ * 2);
+    data_[size_++] = v;
+  }
+  // New elements are left as they are: callers set every field they use.
+  void resize(uint32_t n) {
+    reserve(n);
+    size_ = n;
+  }
+  void assign(uint32_t n, const T &v) {
+    resize(n);
+    for (uint32_t i = 0; i < n; i++) data_[i] = v;
+  }
+  void reserve(uint32_t n) {
+    if (n <= cap_) return;
+    auto *p = static_cast<T *>(malloc(sizeof(T) * n));
+    if (!p) abort();  // a few KiB at most: max_sge_per_ctx entries
+    std::copy(data_, data_ + size_, p);
+    if (data_ != inline_) free(data_);
+    data_ = p;
+    cap_ = n;
+  }
+
+ private:
+  T *data_ = inline_;
+  uint32_t size_ = 0, cap_ = N;
+  T inline_[N];
+};
 
 // ------------------------------------------------------------------ errors
 
@@ -72,6 +129,8 @@ struct AddrRange {
 // UNMAP (munmap, brk shrink, mmap over), REMOVE (madvise DONTNEED/FREE/
 // REMOVE) and REMAP (mremap) events for them. A reader thread moves events
 // from the kernel into a log; caches apply the log before every lookup.
+void monitor_forked();
+
 class Monitor {
  public:
   // Shared by every core of the process; never null.
@@ -85,7 +144,7 @@ class Monitor {
   bool watch(uintptr_t start, uintptr_t end);
 
   // True when events were read that `processed` has not applied yet, or
-  // the reader holds some it has not published.
+  // the reader holds some it has not published (always in a forked child).
   bool dirty(uint64_t processed) const {
     return (busy_.load(std::memory_order_acquire) & 1) ||
            head_.load(std::memory_order_acquire) != processed;
@@ -101,6 +160,7 @@ class Monitor {
  private:
   Monitor();
   ~Monitor();
+  friend void monitor_forked();
   void start();
   void run();
   void publish(uintptr_t start, uintptr_t end);
@@ -157,8 +217,7 @@ class Cache {
   // Applies pending memory events; call before trusting an entry found
   // outside the index (QP memos).
   void sync() {
-    if (mon_ && (mon_->dirty(processed_.load(std::memory_order_acquire)) || !mon_->active()))
-      sync_slow();
+    if (mon_ && mon_->dirty(processed_.load(std::memory_order_acquire))) sync_slow();
   }
   // Whether idle entries may be kept: memory events are monitored.
   bool caching_idle() const { return mon_ && mon_->active(); }
@@ -289,37 +348,38 @@ struct RunRef {
   int8_t slot;  // QP memo slot holding the reference, or -1: the context's own
 };
 
+using SgeVec = SmallVec<ibv_sge, 4>;
+
+// Fields the post path touches come first, close together.
 struct Ctx {
   enum Kind { kFree, kRw, kReg };
   enum Life { kInit, kPosted, kCompleted, kFailedPost };
   enum Key { kNoKey, kKeyLive, kKeyDead };
 
-  Core *core = nullptr;
-  QpState *qp = nullptr;  // nullptr once regcore_qp_destroy ran
-  Domain *dom = nullptr;
   Kind kind = kFree;
   Life life = kInit;
   bool ulp_done = false;  // destroy/release called
-  Chain chains[2];        // [0] the context's post, [1] reg: LOCAL_INV
+  regcore_dir dir = REGCORE_DIR_READ;
+  regcore_rw_strategy strategy = REGCORE_RW_SINGLE_WR;
   uint32_t nwr = 0;       // regcore WRs of chains[0]
   uint32_t reserved_credits = 0;
+  uint32_t rkey = 0;
+  uint64_t remote_addr = 0;
+  uint64_t bytes = 0;
+  QpState *qp = nullptr;  // nullptr once regcore_qp_destroy ran
+  Core *core = nullptr;
+  Domain *dom = nullptr;
+  Chain chains[2];        // [0] the context's post, [1] reg: LOCAL_INV
+  SgeVec runs;            // coalesced ULP SGEs with lkeys resolved
+  SmallVec<RunRef, 4> refs;
+  SmallVec<ibv_send_wr, 1> wrs;
 
   // resources, released when the context is recycled
-  std::vector<RunRef> refs;
   std::vector<ibv_mr *> own_mrs;
   MkeyRec *mkey = nullptr;
   StageRec *stage = nullptr;
   MwRec *mw = nullptr;
-
-  // rw
-  regcore_dir dir = REGCORE_DIR_READ;
-  regcore_rw_strategy strategy = REGCORE_RW_SINGLE_WR;
-  uint64_t remote_addr = 0;
-  uint32_t rkey = 0;
-  uint64_t bytes = 0;
-  std::vector<ibv_sge> runs;     // coalesced ULP SGEs with lkeys resolved
-  std::vector<ibv_sge> wr_sges;  // SGE storage of wrs when it differs from runs
-  std::vector<ibv_send_wr> wrs;
+  SgeVec wr_sges;  // SGE storage of wrs when it differs from runs
 
   // reg
   regcore_reg_strategy reg_strategy = REGCORE_REG_MW;
@@ -492,10 +552,51 @@ void qp_cache_put(QpState *qs, RunRef r);
 void memo_clear(QpState *qs);
 
 // Coalesces adjacent SGEs (same lkey, or both lkey 0) and drops empty ones.
-void coalesce(const ibv_sge *sgl, unsigned nsge, std::vector<ibv_sge> &runs, uint64_t *bytes);
+template <typename Vec>
+void coalesce(const ibv_sge *sgl, unsigned nsge, Vec &runs, uint64_t *bytes) {
+  runs.clear();
+  uint64_t total = 0;
+  for (unsigned i = 0; i < nsge; i++) {
+    if (sgl[i].length == 0) continue;
+    total += sgl[i].length;
+    if (!runs.empty()) {
+      ibv_sge &last = runs.back();
+      if (last.lkey == sgl[i].lkey && last.addr + last.length == sgl[i].addr &&
+          static_cast<uint64_t>(last.length) + sgl[i].length <= UINT32_MAX) {
+        last.length += sgl[i].length;
+        continue;
+      }
+    }
+    runs.push_back(sgl[i]);
+  }
+  *bytes = total;
+}
 
 // cache.cpp
 unsigned normalize_access(unsigned access);
+
+// The decision table (regcore_policy_decide), inline for the post path.
+inline regcore_rw_strategy decide(const regcore_policy &policy, regcore_dir dir, unsigned runs, uint64_t bytes,
+                                  unsigned flags) {
+  const regcore_policy *p = &policy;
+  if (dir == REGCORE_DIR_READ && p->read_always_mr) return REGCORE_RW_MR_REG;
+  regcore_rw_strategy rule = dir == REGCORE_DIR_READ ? p->beyond_sge_read : p->beyond_sge_write;
+  unsigned max_sge = dir == REGCORE_DIR_READ ? p->max_sge_read : p->max_sge_write;
+  bool force = flags & REGCORE_F_FORCE_MR;
+  if (runs <= max_sge && !force) return REGCORE_RW_SINGLE_WR;
+  switch (rule) {
+    case REGCORE_RW_INDIRECT:
+      if (p->indirect && runs <= p->max_sge_per_ctx) return REGCORE_RW_INDIRECT;
+      break;
+    case REGCORE_RW_MR_STAGED:
+      if (bytes <= p->stage_bytes) return REGCORE_RW_MR_STAGED;
+      break;
+    default:
+      break;
+  }
+  if (force) return REGCORE_RW_MR_REG;
+  return runs <= max_sge ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
+}
 
 }  // namespace rc
 

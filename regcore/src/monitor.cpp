@@ -43,7 +43,7 @@ void register_fork_handlers() {
   std::call_once(once, [] {
     pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); },
                    [] {
-                     g_forked.store(true, std::memory_order_release);
+                     monitor_forked();
                      g_mu.unlock();
                    });
   });
@@ -56,6 +56,16 @@ inline void cpu_relax() {
   asm volatile("yield");
 #endif
 }
+
+}  // namespace
+
+// The child's caches must notice at their next lookup: dirty() stays true.
+void monitor_forked() {
+  g_forked.store(true, std::memory_order_release);
+  if (g_monitor) g_monitor->busy_.fetch_or(1, std::memory_order_acq_rel);
+}
+
+namespace {
 
 int uffd_syscall(int flags) { return static_cast<int>(syscall(SYS_userfaultfd, flags)); }
 
