@@ -104,7 +104,66 @@ struct alignas(64) Cache::Shard {
   uint64_t hits = 0;
 };
 
-Cache::Cache() : shards_(new Shard[kShards]) {}
+namespace {
+std::atomic<uint64_t> g_cache_uids{0};
+}
+
+Cache::Cache() : shards_(new Shard[kShards]), uid_(g_cache_uids.fetch_add(1) + 1) {}
+
+// The entry a thread found last in a cache, and the counter its hits go to:
+// a repeated get of the same buffer takes one compare-and-swap on the
+// entry, no lock.
+struct HitMemo {
+  uint64_t cache_uid = 0;
+  std::atomic<uint64_t> *hits = nullptr;
+  Entry *e = nullptr;
+  uint32_t gen = 0;
+  uintptr_t start = 0, end = 0;
+  unsigned access = 0;
+  uint16_t domain = 0;
+};
+
+namespace {
+thread_local HitMemo t_memo __attribute__((tls_model("initial-exec")));
+}
+
+std::atomic<uint64_t> *Cache::thread_hits() {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  thread_hits_.push_back(std::make_unique<std::atomic<uint64_t>>(0));
+  return thread_hits_.back().get();
+}
+
+// The thread's memo, if it covers the request and its entry is the same
+// incarnation and still indexed: one reference more, atomically.
+bool Cache::memo_hit(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **out) {
+  HitMemo &m = t_memo;
+  if (m.cache_uid != uid_ || !m.e || m.domain != d->index || addr < m.start || addr + len > m.end ||
+      (m.access & access) != access)
+    return false;
+  uint64_t s = m.e->state.load(std::memory_order_relaxed);
+  while (gen_of(s) == m.gen && (s & kIndexed))
+    if (m.e->state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      m.hits->store(m.hits->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      *out = m.e;
+      return true;
+    }
+  return false;
+}
+
+// Called with a reference held: the entry's fields are stable.
+void Cache::memo_remember(Entry *e) {
+  HitMemo &m = t_memo;
+  if (m.cache_uid != uid_) {
+    m.cache_uid = uid_;
+    m.hits = thread_hits();
+  }
+  m.e = e;
+  m.gen = gen_of(e->state.load(std::memory_order_relaxed));
+  m.start = e->start;
+  m.end = e->end;
+  m.access = e->pub.access;
+  m.domain = e->domain;
+}
 
 Cache::~Cache() {
   if (mon_) Monitor::release(mon_);
@@ -196,17 +255,21 @@ int Cache::get(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **o
   access = normalize_access(access);
   if (!caching_idle()) return miss(d, addr, len, access, out);
   sync();
+  if (memo_hit(d, addr, len, access, out)) return 0;
   Shard &s = shards_[shard_of(addr)];
   s.mu.lock();
   if (Entry *e = find_locked(s, d->index, addr, addr + len, access)) {
     e->state.fetch_add(1, std::memory_order_acq_rel);
     s.hits++;
     s.mu.unlock();
+    memo_remember(e);
     *out = e;
     return 0;
   }
   s.mu.unlock();
-  return miss(d, addr, len, access, out);
+  int err = miss(d, addr, len, access, out);
+  if (!err && indexed(*out)) memo_remember(*out);
+  return err;
 }
 
 // -------------------------------------------------------------- changes
@@ -397,12 +460,17 @@ void Cache::put(Entry *e) {
     return;
   }
   uint32_t gen = gen_of(old);
+  // A clock, not a count: concurrent puts may read the same value.
+  uint64_t now = tick_.load(std::memory_order_relaxed) + 1;
+  tick_.store(now, std::memory_order_relaxed);
   Shard &h = shards_[home];
   h.mu.lock();
   if (e->state.load(std::memory_order_acquire) == ((static_cast<uint64_t>(gen) << 32) | kIndexed)) {
-    lru_unlink_locked(e);
-    e->last_use = tick_.fetch_add(1, std::memory_order_relaxed);
-    lru_append_locked(e);
+    e->last_use = now;
+    if (h.lru_tail != e) {  // already the most recently idle: stays in place
+      lru_unlink_locked(e);
+      lru_append_locked(e);
+    }
   }
   h.mu.unlock();
 }
@@ -508,6 +576,10 @@ int Cache::clear() {
 }
 
 void Cache::add_stats(regcore_stats &st) {
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    for (auto &h : thread_hits_) st.cache_hits += h->load(std::memory_order_relaxed);
+  }
   for (unsigned si = 0; si < kShards; si++) {
     shards_[si].mu.lock();
     st.cache_hits += shards_[si].hits;

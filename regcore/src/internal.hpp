@@ -256,7 +256,15 @@ class Cache {
   static unsigned shard_of(uintptr_t addr) { return (addr >> 21) % kShards; }
   static uint16_t shards_of(uintptr_t start, uintptr_t end);
 
+  friend struct HitMemo;
+  bool memo_hit(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **out);
+  void memo_remember(Entry *e);
+  std::atomic<uint64_t> *thread_hits();
+
   std::unique_ptr<Shard[]> shards_;
+  const uint64_t uid_;  // tells this cache's thread memos from a closed one's
+  std::mutex stats_mu_;
+  std::vector<std::unique_ptr<std::atomic<uint64_t>>> thread_hits_;  // hits through thread memos
   Class classes_[kMaxClasses];
   std::atomic<unsigned> nclasses_{0};
   std::mutex classes_mu_;
