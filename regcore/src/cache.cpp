@@ -15,6 +15,7 @@
 // Idle (unreferenced) entries sit on their home shard's LRU list in the
 // order they became idle; a lookup does not unlink them (eviction skips
 // entries that were referenced again).
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -47,42 +48,21 @@ bool env_disables_monitor() {
 }
 
 // MADV_DONTFORK on cached ranges, as ibv_fork_init() makes rdma-core do for
-// every registration, counted per page range so that a range shared by two
-// entries goes back to MADV_DOFORK only when the last one is gone.
+// every registration, counted so that a range shared by two entries goes
+// back to MADV_DOFORK only when the last one is gone.
 class ForkGuard {
  public:
-  void add(uintptr_t a, uintptr_t b) { change(a, b, +1); }
-  void remove(uintptr_t a, uintptr_t b) { change(a, b, -1); }
+  void add(uintptr_t a, uintptr_t b) { advise(a, b, true); }
+  void remove(uintptr_t a, uintptr_t b) { advise(a, b, false); }
 
  private:
-  void split(uintptr_t at) {
-    auto it = cov_.upper_bound(at);
-    int count = it == cov_.begin() ? 0 : std::prev(it)->second;
-    cov_.emplace(at, count);
-  }
-  void change(uintptr_t a, uintptr_t b, int delta) {
+  void advise(uintptr_t a, uintptr_t b, bool add) {
     std::lock_guard<std::mutex> lock(mu_);
-    split(a);
-    split(b);
-    for (auto it = cov_.find(a); it->first < b; ++it) {
-      uintptr_t end = std::next(it)->first;
-      int before = it->second;
-      it->second += delta;
-      if (before == 0 && it->second > 0)
-        madvise(reinterpret_cast<void *>(it->first), end - it->first, MADV_DONTFORK);
-      if (before > 0 && it->second == 0)
-        madvise(reinterpret_cast<void *>(it->first), end - it->first, MADV_DOFORK);
-    }
-    for (auto it = cov_.begin(); it != cov_.end();) {  // merge equal neighbours
-      auto next = std::next(it);
-      if (next != cov_.end() && next->second == it->second)
-        cov_.erase(next);
-      else
-        it = next;
-    }
+    for (const AddrRange &r : add ? cov_.add(a, b) : cov_.remove(a, b))
+      madvise(reinterpret_cast<void *>(r.start), r.end - r.start, add ? MADV_DONTFORK : MADV_DOFORK);
   }
   std::mutex mu_;
-  std::map<uintptr_t, int> cov_;  // coverage from key to the next key
+  RangeCoverage cov_;
 };
 
 ForkGuard &fork_guard() {
@@ -99,6 +79,12 @@ unsigned normalize_access(unsigned access) {
 
 struct alignas(64) Cache::Shard {
   SpinLock mu;
+  // Recently found entries by page, checked before the tree.
+  static constexpr unsigned kLookaside = 64;
+  struct Seen {
+    Entry *e = nullptr;
+    uint32_t gen = 0;
+  } seen[kLookaside];
   std::map<uint64_t, Entry *> index;  // index_key(klass, start) -> entry
   Entry *lru_head = nullptr, *lru_tail = nullptr;  // idle entries homed here, oldest first
   uint64_t hits = 0;
@@ -110,22 +96,42 @@ std::atomic<uint64_t> g_cache_uids{0};
 
 Cache::Cache() : shards_(new Shard[kShards]), uid_(g_cache_uids.fetch_add(1) + 1) {}
 
-// The entry a thread found last in a cache, and the counter its hits go to:
-// a repeated get of the same buffer takes one compare-and-swap on the
-// entry, no lock.
+// Entries a thread found lately, by page: a repeated get of the same
+// buffer takes one compare-and-swap on the entry, no lock. Each slot says
+// which cache it belongs to and where that thread counts its hits there.
 struct HitMemo {
   uint64_t cache_uid = 0;
   std::atomic<uint64_t> *hits = nullptr;
   Entry *e = nullptr;
   uint32_t gen = 0;
-  uintptr_t start = 0, end = 0;
-  unsigned access = 0;
   uint16_t domain = 0;
+  unsigned access = 0;
+  uintptr_t start = 0, end = 0;
 };
 
 namespace {
-thread_local HitMemo t_memo __attribute__((tls_model("initial-exec")));
+
+constexpr unsigned kThreadMemo = 256;
+
+unsigned page_slot(uintptr_t addr, unsigned slots) {
+  return static_cast<unsigned>(((addr >> 12) * 0x9e3779b97f4a7c15ull) >> 58) & (slots - 1);
 }
+
+// The table is allocated on first use; a small initial-exec TLS pointer
+// keeps the lookup one load away (also in the shared library).
+thread_local HitMemo *t_memos __attribute__((tls_model("initial-exec"))) = nullptr;
+pthread_key_t g_memo_key;
+
+HitMemo *thread_memos() {
+  if (HitMemo *m = t_memos) return m;
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, [] { pthread_key_create(&g_memo_key, [](void *p) { delete[] static_cast<HitMemo *>(p); }); });
+  t_memos = new HitMemo[kThreadMemo];
+  pthread_setspecific(g_memo_key, t_memos);
+  return t_memos;
+}
+
+}  // namespace
 
 std::atomic<uint64_t> *Cache::thread_hits() {
   std::lock_guard<std::mutex> lock(stats_mu_);
@@ -133,10 +139,12 @@ std::atomic<uint64_t> *Cache::thread_hits() {
   return thread_hits_.back().get();
 }
 
-// The thread's memo, if it covers the request and its entry is the same
-// incarnation and still indexed: one reference more, atomically.
+// The thread's memo for this page, if it covers the request and its entry
+// is the same incarnation and still indexed: one reference more, atomically.
 bool Cache::memo_hit(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **out) {
-  HitMemo &m = t_memo;
+  HitMemo *t = t_memos;
+  if (!t) return false;
+  HitMemo &m = t[page_slot(addr, kThreadMemo)];
   if (m.cache_uid != uid_ || !m.e || m.domain != d->index || addr < m.start || addr + len > m.end ||
       (m.access & access) != access)
     return false;
@@ -151,11 +159,15 @@ bool Cache::memo_hit(Domain *d, uintptr_t addr, size_t len, unsigned access, Ent
 }
 
 // Called with a reference held: the entry's fields are stable.
-void Cache::memo_remember(Entry *e) {
-  HitMemo &m = t_memo;
+void Cache::memo_remember(uintptr_t addr, Entry *e) {
+  HitMemo *t = thread_memos();
+  HitMemo &m = t[page_slot(addr, kThreadMemo)];
   if (m.cache_uid != uid_) {
+    std::atomic<uint64_t> *hits = nullptr;  // this thread's counter here, if another slot has it
+    for (unsigned i = 0; i < kThreadMemo && !hits; i++)
+      if (t[i].cache_uid == uid_) hits = t[i].hits;
     m.cache_uid = uid_;
-    m.hits = thread_hits();
+    m.hits = hits ? hits : thread_hits();
   }
   m.e = e;
   m.gen = gen_of(e->state.load(std::memory_order_relaxed));
@@ -233,6 +245,19 @@ int Cache::add_class(uint16_t domain, unsigned access) {
 // The entry covering [a, b) with at least `access`: the request's own
 // class first, then classes with more rights.
 Entry *Cache::find_locked(Shard &s, uint16_t domain, uintptr_t a, uintptr_t b, unsigned access) const {
+  Shard::Seen &seen = s.seen[page_slot(a, Shard::kLookaside)];
+  if (Entry *e = seen.e) {
+    uint64_t st = e->state.load(std::memory_order_acquire);
+    if (gen_of(st) == seen.gen && (st & kIndexed) && e->domain == domain && e->start <= a && b <= e->end &&
+        (e->pub.access & access) == access)
+      return e;
+  }
+  Entry *e = find_in_tree_locked(s, domain, a, b, access);
+  if (e) seen = {e, gen_of(e->state.load(std::memory_order_relaxed))};
+  return e;
+}
+
+Entry *Cache::find_in_tree_locked(Shard &s, uint16_t domain, uintptr_t a, uintptr_t b, unsigned access) const {
   unsigned n = nclasses_.load(std::memory_order_acquire);
   for (int pass = 0; pass < 2; pass++) {
     for (unsigned k = 0; k < n; k++) {
@@ -262,13 +287,13 @@ int Cache::get(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **o
     e->state.fetch_add(1, std::memory_order_acq_rel);
     s.hits++;
     s.mu.unlock();
-    memo_remember(e);
+    memo_remember(addr, e);
     *out = e;
     return 0;
   }
   s.mu.unlock();
   int err = miss(d, addr, len, access, out);
-  if (!err && indexed(*out)) memo_remember(*out);
+  if (!err && indexed(*out)) memo_remember(addr, *out);
   return err;
 }
 
@@ -411,7 +436,8 @@ int Cache::miss(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **
   dead.clear();
 
   // Watch first: an unmap between registration and indexing is then an event.
-  bool watched = caching_idle() && mon_->watch(u.start, u.end);
+  AddrRange registered{0, 0};
+  bool watched = caching_idle() && mon_->watch(u.start, u.end, &registered);
   bool guard = fork_protect_;
   if (guard) fork_guard().add(u.start, u.end);
   ibv_mr *mr = ibv_reg_mr(d->pd, reinterpret_cast<void *>(u.start), u.end - u.start,
@@ -419,6 +445,7 @@ int Cache::miss(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **
   if (!mr) {
     int err = errno ? errno : EIO;
     if (guard) fork_guard().remove(u.start, u.end);
+    if (watched) mon_->unwatch(registered.start, registered.end);
     return fail(err, "ibv_reg_mr(%#lx, %lu, %#x) failed: %s", static_cast<unsigned long>(u.start),
                 static_cast<unsigned long>(u.end - u.start), access, strerror(err));
   }
@@ -431,6 +458,7 @@ int Cache::miss(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **
   e->shards = 0;
   e->home = static_cast<uint8_t>(shard_of(u.start));
   e->monitored = watched;
+  e->watched = registered;
   e->fork_protected = guard;
   e->last_use = 0;
 
@@ -496,7 +524,7 @@ void Cache::sync_slow() {
     std::vector<Entry *> all;
     for (unsigned si = 0; si < kShards; si++)
       for (auto &kv : shards_[si].index)
-        if (std::find(all.begin(), all.end(), kv.second) == all.end()) all.push_back(kv.second);
+        if (kv.second->home == si) all.push_back(kv.second);
     for (Entry *e : all) unindex_locked(e, dead);
     unlock_all();
     for (Entry *e : dead) destroy(e);
@@ -522,7 +550,7 @@ void Cache::sync_locked(std::vector<Entry *> &dead) {
   } else {  // the log lapped us: drop everything
     for (unsigned si = 0; si < kShards; si++)
       for (auto &kv : shards_[si].index)
-        if (std::find(hit.begin(), hit.end(), kv.second) == hit.end()) hit.push_back(kv.second);
+        if (kv.second->home == si) hit.push_back(kv.second);
   }
   for (Entry *e : hit) unindex_locked(e, dead);
   monitor_invalidations_ += hit.size();
@@ -550,6 +578,7 @@ Entry *Cache::alloc_entry() {
 void Cache::destroy(Entry *e) {
   if (e->pub.ibv_mr) ibv_dereg_mr(e->pub.ibv_mr);
   if (e->fork_protected) fork_guard().remove(e->start, e->end);
+  if (e->monitored && mon_) mon_->unwatch(e->watched.start, e->watched.end);
   count_.fetch_sub(1, std::memory_order_relaxed);
   bytes_.fetch_sub(e->end - e->start, std::memory_order_relaxed);
   e->pub = {};
@@ -565,7 +594,7 @@ int Cache::clear() {
   lock_all();
   for (unsigned si = 0; si < kShards; si++)
     for (auto &kv : shards_[si].index)
-      if (std::find(all.begin(), all.end(), kv.second) == all.end()) all.push_back(kv.second);
+      if (kv.second->home == si) all.push_back(kv.second);  // once: in its home shard
   bool busy = all.size() != count_.load(std::memory_order_relaxed);
   for (Entry *e : all) busy |= (e->state.load(std::memory_order_acquire) & kRefMask) != 0;
   if (!busy)

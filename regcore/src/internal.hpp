@@ -123,6 +123,19 @@ struct AddrRange {
   uintptr_t start, end;
 };
 
+// How many holders cover each address; says which sub-ranges a change
+// covered for the first time or left uncovered. Callers lock.
+class RangeCoverage {
+ public:
+  std::vector<AddrRange> add(uintptr_t a, uintptr_t b) { return change(a, b, +1); }
+  std::vector<AddrRange> remove(uintptr_t a, uintptr_t b) { return change(a, b, -1); }
+
+ private:
+  std::vector<AddrRange> change(uintptr_t a, uintptr_t b, int delta);
+  void split(uintptr_t at);
+  std::map<uintptr_t, int> cov_;  // coverage from a key to the next key
+};
+
 // Process-wide memory-event monitor (monitor.cpp): one userfaultfd in
 // non-cooperative mode, ranges registered in write-protect mode (which
 // never faults: nothing is write-protected) so that the kernel reports
@@ -139,9 +152,14 @@ class Monitor {
 
   bool active() const;  // events flow (false in a forked child)
   const char *status() const { return status_; }
-  // Registers [start, end) (page aligned). False if the kernel refuses
-  // (file-backed mappings, holes, another userfaultfd owns the range).
-  bool watch(uintptr_t start, uintptr_t end);
+  // Registers [start, end) (page aligned, or the 2 MiB windows around it)
+  // while some entry covers it.
+  // False if the kernel refuses (file-backed mappings, holes, another
+  // userfaultfd owns the range). unwatch() unregisters what no entry covers
+  // any more, so that unmapping memory nothing caches costs nothing.
+  // *watched is what was registered, to give back to unwatch().
+  bool watch(uintptr_t start, uintptr_t end, AddrRange *watched);
+  void unwatch(uintptr_t start, uintptr_t end);
 
   // True when events were read that `processed` has not applied yet, or
   // the reader holds some it has not published (always in a forked child).
@@ -168,6 +186,8 @@ class Monitor {
   static constexpr uint64_t kLog = 4096;
   int fd_ = -1;
   int wake_fd_ = -1;
+  std::mutex watch_mu_;  // a leaf lock
+  RangeCoverage watched_;
   int users_ = 0;
   const char *status_ = "not started";
   std::atomic<uint64_t> busy_{0};  // odd while the reader holds unpublished events
@@ -192,6 +212,7 @@ struct Entry {
   uint16_t shards = 0;  // bit per shard whose index holds the entry
   uint8_t home = 0;     // shard keeping it on its idle (LRU) list
   bool monitored = false;
+  AddrRange watched{0, 0};  // what the monitor registered for it
   bool lru_linked = false;
   bool fork_protected = false;
   Entry *lru_prev = nullptr, *lru_next = nullptr;
@@ -238,6 +259,7 @@ class Cache {
   int find_class(uint16_t domain, unsigned access) const;
   int add_class(uint16_t domain, unsigned access);
   Entry *find_locked(Shard &s, uint16_t domain, uintptr_t a, uintptr_t b, unsigned access) const;
+  Entry *find_in_tree_locked(Shard &s, uint16_t domain, uintptr_t a, uintptr_t b, unsigned access) const;
   int miss(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **out);
   int insert_locked(Entry *e, uint64_t since, std::vector<Entry *> &dead);
   AddrRange merge_span_locked(int klass, uintptr_t a, uintptr_t b) const;
@@ -258,7 +280,7 @@ class Cache {
 
   friend struct HitMemo;
   bool memo_hit(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **out);
-  void memo_remember(Entry *e);
+  void memo_remember(uintptr_t addr, Entry *e);
   std::atomic<uint64_t> *thread_hits();
 
   std::unique_ptr<Shard[]> shards_;

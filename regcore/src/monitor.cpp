@@ -200,8 +200,69 @@ void Monitor::release(Monitor *m) {
 
 bool Monitor::active() const { return fd_ >= 0 && !g_forked.load(std::memory_order_acquire); }
 
-bool Monitor::watch(uintptr_t start, uintptr_t end) {
-  return active() && register_wp(fd_, start, end);
+std::vector<AddrRange> RangeCoverage::change(uintptr_t a, uintptr_t b, int delta) {
+  std::vector<AddrRange> flipped;
+  split(a);
+  split(b);
+  for (auto it = cov_.find(a); it->first < b; ++it) {
+    uintptr_t end = std::next(it)->first;
+    int before = it->second;
+    it->second += delta;
+    if ((before == 0) != (it->second == 0)) {
+      if (!flipped.empty() && flipped.back().end == it->first)
+        flipped.back().end = end;
+      else
+        flipped.push_back({it->first, end});
+    }
+  }
+  // Merge equal neighbours in and around [a, b] only: O(log n + changed).
+  auto it = cov_.find(a);
+  if (it != cov_.begin()) --it;
+  while (it != cov_.end() && it->first <= b) {
+    auto next = std::next(it);
+    if (next != cov_.end() && next->second == it->second)
+      cov_.erase(next);
+    else
+      it = next;
+  }
+  if (!cov_.empty() && cov_.begin()->second == 0) cov_.erase(cov_.begin());  // leading zero run
+  return flipped;
+}
+
+void RangeCoverage::split(uintptr_t at) {
+  auto it = cov_.upper_bound(at);
+  int count = it == cov_.begin() ? 0 : std::prev(it)->second;
+  cov_.emplace(at, count);
+}
+
+// Whole 2 MiB windows where the kernel accepts them (anonymous memory and
+// shmem; holes are fine): registering page ranges would split a mapping
+// into a VMA per cached buffer and run into vm.max_map_count, while
+// adjacent registered windows merge. Memory near a cached buffer then
+// reports its unmaps too, which only costs the reader thread a wake-up.
+bool Monitor::watch(uintptr_t start, uintptr_t end, AddrRange *watched) {
+  if (!active()) return false;
+  constexpr uintptr_t kWindow = 2u << 20;
+  AddrRange w{start & ~(kWindow - 1), (end + kWindow - 1) & ~(kWindow - 1)};
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  // Registering again is harmless, and needed: the pages may belong to a
+  // new mapping since an earlier registration.
+  if (!register_wp(fd_, w.start, w.end)) {
+    w = {start, end};
+    if (!register_wp(fd_, start, end)) return false;
+  }
+  watched_.add(w.start, w.end);
+  *watched = w;
+  return true;
+}
+
+void Monitor::unwatch(uintptr_t start, uintptr_t end) {
+  if (!active()) return;
+  std::lock_guard<std::mutex> lock(watch_mu_);
+  for (const AddrRange &r : watched_.remove(start, end)) {
+    uffdio_range range{r.start, r.end - r.start};
+    ioctl(fd_, UFFDIO_UNREGISTER, &range);  // fails harmlessly where unmapped
+  }
 }
 
 uint64_t Monitor::settle() const {

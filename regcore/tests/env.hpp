@@ -39,6 +39,8 @@ struct Options {
   uint32_t max_sge_per_ctx = 16;
   uint32_t flags = 0;
   uint32_t max_mrs = 0;
+  uint32_t cache_max_entries = 0;
+  uint64_t cache_max_bytes = 0;
   size_t remote_bytes = 1 << 20;
 };
 
@@ -66,6 +68,8 @@ struct Env {
     a.max_mrs = opt.max_mrs;
     a.max_sge_per_ctx = opt.max_sge_per_ctx;
     a.flags = opt.flags;
+    a.cache_max_entries = opt.cache_max_entries;
+    a.cache_max_bytes = opt.cache_max_bytes;
     if (int err = regcore_open(pd, &a, &core)) die("regcore_open " + std::to_string(err));
     uint32_t sq = 0;
     if (regcore_max_send_wr(core, opt.ulp_send_wr, opt.qp_ctxs, &sq)) die("regcore_max_send_wr");

@@ -9,8 +9,8 @@
 // copies the pages live MRs cover, and from then on the device uses the
 // copies. glibc's internal calls (free() of large blocks, heap trimming)
 // bypass the interposition; for those the model does not apply.
+#include <dlfcn.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -129,6 +129,13 @@ void pin_spans_locked(SimMr *mr, uint64_t addr, uint64_t len, std::vector<Span> 
   if (stale) s.stats.stale_accesses++;
 }
 
+#ifndef SIMVERBS_NO_INTERPOSE
+template <typename F>
+F next_fn(const char *name) {
+  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+}
+#endif
+
 }  // namespace simverbs
 
 using namespace simverbs;
@@ -161,11 +168,13 @@ enum ibv_fork_status ibv_is_fork_initialized(void) {
 
 #ifndef SIMVERBS_NO_INTERPOSE
 // The interposers: the process's calls land here (the program links
-// simverbs statically), then in the kernel.
+// simverbs statically), then in libc's functions, so that other hooks on
+// them (UCX's libucm) still see every call.
 
 int munmap(void *addr, size_t len) {
+  static auto real = next_fn<int (*)(void *, size_t)>("munmap");
   release_pages(addr, len);
-  return static_cast<int>(syscall(SYS_munmap, addr, len));
+  return real(addr, len);
 }
 
 void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...) {
@@ -179,8 +188,9 @@ void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...) {
   // A shrunk tail is unmapped: keep it first. Moved pages are copied from
   // their new place right after the move (the device does not see later
   // writes there: an approximation of the pages being the same).
+  static auto real = next_fn<void *(*)(void *, size_t, size_t, int, ...)>("mremap");
   if (new_len < old_len) release_pages(static_cast<char *>(old) + new_len, old_len - new_len);
-  void *r = reinterpret_cast<void *>(syscall(SYS_mremap, old, old_len, new_len, flags, fixed));
+  void *r = real(old, old_len, new_len, flags, fixed);
   if (r != MAP_FAILED && r != old)
     release_pages(old, std::min(old_len, new_len),
                   static_cast<char *>(r) - static_cast<char *>(old));
@@ -188,14 +198,16 @@ void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...) {
 }
 
 int madvise(void *addr, size_t len, int advice) {
+  static auto real = next_fn<int (*)(void *, size_t, int)>("madvise");
   // MADV_FREE is not here: the kernel does not reclaim pinned pages.
   if (advice == MADV_DONTNEED || advice == MADV_REMOVE) release_pages(addr, len);
-  return static_cast<int>(syscall(SYS_madvise, addr, len, advice));
+  return real(addr, len, advice);
 }
 
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+  static auto real = next_fn<void *(*)(void *, size_t, int, int, int, off_t)>("mmap");
   if ((flags & MAP_FIXED) && !(flags & MAP_FIXED_NOREPLACE)) release_pages(addr, len);
-  return reinterpret_cast<void *>(syscall(SYS_mmap, addr, len, prot, flags, fd, off));
+  return real(addr, len, prot, flags, fd, off);
 }
 #endif
 
