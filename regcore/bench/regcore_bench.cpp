@@ -522,16 +522,6 @@ double elapsed_ns(Clock::time_point t0) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
 }
 
-template <typename F>
-double median_ns_per_op(unsigned reps, unsigned ops, F run) {
-  std::vector<double> v;
-  for (unsigned r = 0; r < reps; r++) {
-    auto t0 = Clock::now();
-    run(ops);
-    v.push_back(elapsed_ns(t0) / ops);
-  }
-  return median(v);
-}
 
 struct CacheRow {
   std::string what;
