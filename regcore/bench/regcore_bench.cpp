@@ -702,7 +702,7 @@ double hits_mops(const CacheApi &c, unsigned threads, bool shared, unsigned ops)
 // (regcore) or posting by hand; batches of kDepth, then poll, then destroy.
 double rw_mios(unsigned threads, bool hand, unsigned batches) {
   testenv::Options o;
-  o.max_ctxs = threads * kDepth;
+  o.max_ctxs = (threads + 1) * kDepth;  // the Env's own QP declares kDepth
   o.qp_ctxs = kDepth;
   o.ulp_send_wr = kDepth;
   testenv::Env e(SIMVERBS_PROFILE_MLX5, o);
