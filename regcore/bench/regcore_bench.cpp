@@ -719,7 +719,7 @@ double rw_mios(unsigned threads, bool hand, unsigned batches) {
     auto p = std::make_unique<PerThread>();
     uint32_t sq = 0;
     regcore_max_send_wr(e.core, kDepth, kDepth, &sq);
-    p->cq = ibv_create_cq(e.ctx, static_cast<int>(sq), nullptr, nullptr, 0);
+    p->cq = ibv_create_cq(e.ctx, static_cast<int>(sq) + 1, nullptr, nullptr, 0);  // + the receive
     ibv_qp_init_attr a{};
     a.send_cq = a.recv_cq = p->cq;
     a.qp_type = IBV_QPT_RC;
@@ -778,40 +778,49 @@ double rw_mios(unsigned threads, bool hand, unsigned batches) {
   return mios;
 }
 
+// Repetitions alternate between the two columns, as in the cache section.
 std::vector<ScaleRow> scaling_section(unsigned reps) {
   std::vector<ScaleRow> rows;
   const unsigned kThreads[] = {1, 2, 4};
-  auto median_of = [&](auto f) {
-    std::vector<double> v;
-    for (unsigned r = 0; r < reps; r++) v.push_back(f());
-    return median(v);
+  auto alternate = [&](ScaleRow &row, auto left, auto right) {
+    std::vector<double> l, r;
+    for (unsigned i = 0; i < reps; i++) {
+      if (i % 2) {
+        l.push_back(left());
+        if (right) r.push_back(right());
+      } else {
+        if (right) r.push_back(right());
+        l.push_back(left());
+      }
+    }
+    row.regcore = median(l);
+    if (!r.empty()) row.ucx = median(r);
   };
   {
     testenv::Env e(SIMVERBS_PROFILE_MLX5);
-    CacheApi api{"regcore", e.core, regcore_get, regcore_put};
-    for (bool shared : {false, true})
-      for (unsigned t : kThreads)
-        rows.push_back({shared ? "cache hits, one shared buffer" : "cache hits, a buffer per thread", t,
-                        median_of([&] { return hits_mops(api, t, shared, 500000); })});
-  }
+    CacheApi mine{"regcore", e.core, regcore_get, regcore_put};
+    CacheApi ucx{"ucx", nullptr, nullptr, nullptr};
 #if REGCORE_BENCH_UCX
-  ibv_context *ctx = testenv::open_device(SIMVERBS_PROFILE_MLX5);
-  ibv_pd *pd = ibv_alloc_pd(ctx);
-  if (UcxCache *u = ucx_cache_open(pd)) {
-    CacheApi api{"ucx", u, ucx_get, ucx_put};
-    size_t i = 0;
-    for (bool shared : {false, true})
-      for (unsigned t : kThreads) rows[i++].ucx = median_of([&] { return hits_mops(api, t, shared, 500000); });
-    ucx_cache_close(u);
-  }
-  ibv_dealloc_pd(pd);
-  ibv_close_device(ctx);
+    UcxCache *u = ucx_cache_open(e.pd);
+    if (u) ucx = {"ucx", u, ucx_get, ucx_put};
 #endif
+    for (bool shared : {false, true})
+      for (unsigned t : kThreads) {
+        ScaleRow row{shared ? "cache hits, one shared buffer" : "cache hits, a buffer per thread", t};
+        std::function<double()> other;
+        if (ucx.get) other = [&] { return hits_mops(ucx, t, shared, 500000); };
+        alternate(row, [&] { return hits_mops(mine, t, shared, 500000); }, other);
+        rows.push_back(row);
+      }
+#if REGCORE_BENCH_UCX
+    if (u) ucx_cache_close(u);
+#endif
+  }
   for (unsigned t : kThreads) {
-    ScaleRow r{"write_1sge I/Os, a QP per thread (ucx column: by hand)", t};
-    r.regcore = median_of([&] { return rw_mios(t, false, 2000); });
-    r.ucx = median_of([&] { return rw_mios(t, true, 2000); });
-    rows.push_back(r);
+    ScaleRow row{"write_1sge I/Os, a QP per thread (right: by hand)", t};
+    std::function<double()> hand = [&] { return rw_mios(t, true, 2000); };
+    alternate(row, [&] { return rw_mios(t, false, 2000); }, hand);
+    rows.push_back(row);
   }
   return rows;
 }
@@ -844,7 +853,7 @@ void print_cache(const std::vector<CacheRow> &rows) {
 void print_scaling(const std::vector<ScaleRow> &rows) {
   std::printf("\n== threads sharing one core, million operations per second (all threads; %u CPUs)\n",
               std::thread::hardware_concurrency());
-  std::printf("%-56s %7s %10s %10s\n", "workload", "threads", "regcore", "ucx/hand");
+  std::printf("%-56s %7s %10s %10s\n", "workload", "threads", "regcore", "ucx|hand");
   for (const ScaleRow &r : rows) std::printf("%-56s %7u %10.2f %10.2f\n", r.what.c_str(), r.threads, r.regcore, r.ucx);
 }
 
