@@ -47,6 +47,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // The registration cost model: microseconds per call and a per-page cost
 // for pinning and translation entries, the order of magnitude reported for
 // ibv_reg_mr on current hardware. A model, not a measurement: --reg-cost.
@@ -234,7 +239,7 @@ Sample Bench::run_core(unsigned batches) {
   std::vector<ibv_send_wr> sends(kDepth);
   std::vector<ibv_sge> send_sges(kDepth);
   std::vector<uint32_t> keys(kDepth);
-  Clock::duration post{}, cycle{};
+  std::vector<double> post, cycle;  // per batch: robust against preemption
   for (unsigned b = 0; b < batches; b++) {
     auto t0 = Clock::now();
     for (unsigned d = 0; d < kDepth; d++) {
@@ -269,12 +274,11 @@ Sample Bench::run_core(unsigned batches) {
         if (regcore_reg_ctx_release(reg[d], keys[d], nullptr, nullptr)) testenv::die("release");
     }
     auto t2 = Clock::now();
-    post += t1 - t0;
-    cycle += t2 - t0;
+    post.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    cycle.push_back(std::chrono::duration<double, std::nano>(t2 - t0).count());
   }
-  double n = static_cast<double>(batches) * kDepth;
-  s.post_ns = std::chrono::duration<double, std::nano>(post).count() / n;
-  s.cycle_ns = std::chrono::duration<double, std::nano>(cycle).count() / n;
+  s.post_ns = median(post) / kDepth;
+  s.cycle_ns = median(cycle) / kDepth;
   return s;
 }
 
@@ -398,7 +402,7 @@ Sample Bench::run_hand(unsigned batches) {
   Sample s;
   bool staged = stage_mr_ != nullptr, indirect = !mkeys_.empty();
   bool mr_reg = sc_.profile == SIMVERBS_PROFILE_IWARP && sc_.dir == REGCORE_DIR_READ;
-  Clock::duration post{}, cycle{};
+  std::vector<double> post, cycle;  // per batch: robust against preemption
   for (unsigned b = 0; b < batches; b++) {
     auto t0 = Clock::now();
     for (unsigned d = 0; d < kDepth; d++) {
@@ -421,19 +425,14 @@ Sample Bench::run_hand(unsigned batches) {
     iter_mrs_.clear();
     if (sc_.reg) peer_answer_all(true);  // the key dies with the answer
     auto t2 = Clock::now();
-    post += t1 - t0;
-    cycle += t2 - t0;
+    post.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    cycle.push_back(std::chrono::duration<double, std::nano>(t2 - t0).count());
   }
-  double n = static_cast<double>(batches) * kDepth;
-  s.post_ns = std::chrono::duration<double, std::nano>(post).count() / n;
-  s.cycle_ns = std::chrono::duration<double, std::nano>(cycle).count() / n;
+  s.post_ns = median(post) / kDepth;
+  s.cycle_ns = median(cycle) / kDepth;
   return s;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 Result measure(const Scenario &sc, unsigned batches, unsigned reps) {
   Result r;
@@ -538,6 +537,7 @@ const char *const kCacheRows[] = {
     "hit: get+put, 64 buffers in turn",
     "hit: 64 buffers in turn, 1024 entries cached",
     "hit: 64 buffers in turn, 16384 entries cached",
+    "hit: 1024 buffers in turn, 16384 entries cached",
     "miss: get+put of a new 4 KiB range (registration model included)",
     "miss, registration free",
     "munmap of an uncached 64 KiB buffer, then a hit",
@@ -578,15 +578,22 @@ void prepare(CacheState &st, unsigned reps) {
 // One repetition of row `row`, ns per operation.
 double cache_rep(CacheState &st, size_t row) {
   const CacheApi &c = st.api;
+  // The median of chunks of ops: a preempted chunk does not move it.
   auto per_op = [](unsigned ops, auto body) {
-    auto t0 = Clock::now();
-    for (unsigned i = 0; i < ops; i++) body(i);
-    return elapsed_ns(t0) / ops;
+    const unsigned chunk = std::max(1u, ops / 100);
+    std::vector<double> v;
+    for (unsigned i = 0; i < ops; i += chunk) {
+      auto t0 = Clock::now();
+      for (unsigned k = i; k < std::min(ops, i + chunk); k++) body(k);
+      v.push_back(elapsed_ns(t0) / (std::min(ops, i + chunk) - i));
+    }
+    return median(v);
   };
   auto hit = [&](void *p, size_t len) { c.put(c.self, c.get(c.self, p, len)); };
-  auto rotate = [&](size_t which, size_t entries) {
-    size_t stride = entries / 64;
-    return per_op(kHitOps, [&](unsigned i) { hit(st.rotating[which] + ((i % 64) * stride) * 2 * kPage, kPage); });
+  auto rotate = [&](size_t which, size_t entries, size_t buffers) {
+    size_t stride = entries / buffers;
+    return per_op(kHitOps,
+                  [&](unsigned i) { hit(st.rotating[which] + ((i % buffers) * stride) * 2 * kPage, kPage); });
   };
   auto miss = [&] {
     return per_op(kMissOps, [&](unsigned) { hit(st.miss_base + (st.miss_next++) * 2 * kPage, kPage); });
@@ -604,18 +611,19 @@ double cache_rep(CacheState &st, size_t row) {
   };
   switch (row) {
     case 0: return per_op(kHitOps, [&](unsigned) { hit(st.one, kBuf); });
-    case 1: return rotate(0, 64);
-    case 2: return rotate(1, 1024);
-    case 3: return rotate(2, 16384);
-    case 4: return miss();
-    case 5: {
+    case 1: return rotate(0, 64, 64);
+    case 2: return rotate(1, 1024, 64);
+    case 3: return rotate(2, 16384, 64);
+    case 4: return rotate(2, 16384, 1024);
+    case 5: return miss();
+    case 6: {
       simverbs_set_reg_cost(nullptr);
       double ns = miss();
       simverbs_set_reg_cost(&g_reg_cost);
       return ns;
     }
-    case 6: return unmap(false);
-    case 7: return unmap(true);
+    case 7: return unmap(false);
+    case 8: return unmap(true);
     default:
       return per_op(kUnmapOps, [&](unsigned) {
         void *b = mmap(nullptr, kBuf, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -828,8 +836,9 @@ std::vector<ScaleRow> scaling_section(unsigned reps) {
 // ================================================================ output
 
 void print_post(const std::vector<Result> &results, unsigned batches, unsigned reps) {
-  std::printf("\n== post path (per I/O, median of %u reps of %u I/Os; post = build + post, cycle = post + "
-              "completion + teardown)\n",
+  std::printf("\n== post path (per I/O: median over batches of %u, median of %u reps of %u I/Os; post = build + "
+              "post, cycle = post + completion + teardown)\n",
+              kDepth,
               reps, batches * kDepth);
   std::printf("%-26s %-6s %-12s %10s %10s %7s %11s %11s %7s\n", "scenario", "device", "strategy", "hand post",
               "core post", "ratio", "hand cycle", "core cycle", "ratio");

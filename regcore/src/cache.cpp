@@ -80,10 +80,13 @@ unsigned normalize_access(unsigned access) {
 struct alignas(64) Cache::Shard {
   SpinLock mu;
   // Recently found entries by page, checked before the tree.
-  static constexpr unsigned kLookaside = 64;
+  static constexpr unsigned kLookaside = 256;
+  // Written under the lock, read without it (see try_seen): a copy of the
+  // entry's range to reject quickly, checked again once referenced.
   struct Seen {
-    Entry *e = nullptr;
-    uint32_t gen = 0;
+    std::atomic<Entry *> e{nullptr};
+    std::atomic<uint32_t> gen{0};
+    std::atomic<uintptr_t> start{0}, end{0};
   } seen[kLookaside];
   std::map<uint64_t, Entry *> index;  // index_key(klass, start) -> entry
   Entry *lru_head = nullptr, *lru_tail = nullptr;  // idle entries homed here, oldest first
@@ -113,8 +116,9 @@ namespace {
 
 constexpr unsigned kThreadMemo = 256;
 
+// Fibonacci hashing of the page number into `slots` (a power of two).
 unsigned page_slot(uintptr_t addr, unsigned slots) {
-  return static_cast<unsigned>(((addr >> 12) * 0x9e3779b97f4a7c15ull) >> 58) & (slots - 1);
+  return static_cast<unsigned>(((addr >> 12) * 0x9e3779b97f4a7c15ull) >> (64 - __builtin_ctz(slots)));
 }
 
 // The table is allocated on first use; a small initial-exec TLS pointer
@@ -139,29 +143,35 @@ std::atomic<uint64_t> *Cache::thread_hits() {
   return thread_hits_.back().get();
 }
 
-// The thread's memo for this page, if it covers the request and its entry
-// is the same incarnation and still indexed: one reference more, atomically.
+// The thread's memo for this page (two ways per page slot), if it covers
+// the request and its entry is the same incarnation and still indexed: one
+// reference more, atomically.
 bool Cache::memo_hit(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **out) {
   HitMemo *t = t_memos;
   if (!t) return false;
-  HitMemo &m = t[page_slot(addr, kThreadMemo)];
-  if (m.cache_uid != uid_ || !m.e || m.domain != d->index || addr < m.start || addr + len > m.end ||
-      (m.access & access) != access)
-    return false;
-  uint64_t s = m.e->state.load(std::memory_order_relaxed);
-  while (gen_of(s) == m.gen && (s & kIndexed))
-    if (m.e->state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
-      m.hits->store(m.hits->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      *out = m.e;
-      return true;
-    }
+  unsigned set = page_slot(addr, kThreadMemo) & ~1u;
+  for (unsigned way = set; way < set + 2; way++) {
+    HitMemo &m = t[way];
+    if (m.cache_uid != uid_ || !m.e || m.domain != d->index || addr < m.start || addr + len > m.end ||
+        (m.access & access) != access)
+      continue;
+    uint64_t s = m.e->state.load(std::memory_order_relaxed);
+    while (gen_of(s) == m.gen && (s & kIndexed))
+      if (m.e->state.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+        m.hits->store(m.hits->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        *out = m.e;
+        return true;
+      }
+  }
   return false;
 }
 
 // Called with a reference held: the entry's fields are stable.
-void Cache::memo_remember(uintptr_t addr, Entry *e) {
+HitMemo &Cache::memo_remember(uintptr_t addr, Entry *e) {
   HitMemo *t = thread_memos();
-  HitMemo &m = t[page_slot(addr, kThreadMemo)];
+  unsigned set = page_slot(addr, kThreadMemo) & ~1u;
+  t[set + 1] = t[set];  // the older way goes
+  HitMemo &m = t[set];
   if (m.cache_uid != uid_) {
     std::atomic<uint64_t> *hits = nullptr;  // this thread's counter here, if another slot has it
     for (unsigned i = 0; i < kThreadMemo && !hits; i++)
@@ -175,6 +185,7 @@ void Cache::memo_remember(uintptr_t addr, Entry *e) {
   m.end = e->end;
   m.access = e->pub.access;
   m.domain = e->domain;
+  return m;
 }
 
 Cache::~Cache() {
@@ -246,15 +257,40 @@ int Cache::add_class(uint16_t domain, unsigned access) {
 // class first, then classes with more rights.
 Entry *Cache::find_locked(Shard &s, uint16_t domain, uintptr_t a, uintptr_t b, unsigned access) const {
   Shard::Seen &seen = s.seen[page_slot(a, Shard::kLookaside)];
-  if (Entry *e = seen.e) {
+  if (Entry *e = seen.e.load(std::memory_order_relaxed)) {
     uint64_t st = e->state.load(std::memory_order_acquire);
-    if (gen_of(st) == seen.gen && (st & kIndexed) && e->domain == domain && e->start <= a && b <= e->end &&
-        (e->pub.access & access) == access)
+    if (gen_of(st) == seen.gen.load(std::memory_order_relaxed) && (st & kIndexed) && e->domain == domain &&
+        e->start <= a && b <= e->end && (e->pub.access & access) == access)
       return e;
   }
   Entry *e = find_in_tree_locked(s, domain, a, b, access);
-  if (e) seen = {e, gen_of(e->state.load(std::memory_order_relaxed))};
+  if (e) {
+    seen.gen.store(gen_of(e->state.load(std::memory_order_relaxed)), std::memory_order_relaxed);
+    seen.start.store(e->start, std::memory_order_relaxed);
+    seen.end.store(e->end, std::memory_order_relaxed);
+    seen.e.store(e, std::memory_order_release);
+  }
   return e;
+}
+
+// The shard's lookaside without its lock: a reference is taken only on the
+// entry's current incarnation while it is indexed, then the range checked
+// (the fields are stable once we hold a reference). Entries are never
+// freed while the cache lives, so a stale slot only fails.
+Entry *Cache::try_seen(Shard &s, uint16_t domain, uintptr_t a, uintptr_t b, unsigned access) {
+  Shard::Seen &seen = s.seen[page_slot(a, Shard::kLookaside)];
+  Entry *e = seen.e.load(std::memory_order_acquire);
+  if (!e || seen.start.load(std::memory_order_relaxed) > a || b > seen.end.load(std::memory_order_relaxed))
+    return nullptr;
+  uint32_t gen = seen.gen.load(std::memory_order_relaxed);
+  uint64_t st = e->state.load(std::memory_order_relaxed);
+  for (;;) {
+    if (gen_of(st) != gen || !(st & kIndexed)) return nullptr;
+    if (e->state.compare_exchange_weak(st, st + 1, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+  }
+  if (e->domain == domain && e->start <= a && b <= e->end && (e->pub.access & access) == access) return e;
+  put(e);
+  return nullptr;
 }
 
 Entry *Cache::find_in_tree_locked(Shard &s, uint16_t domain, uintptr_t a, uintptr_t b, unsigned access) const {
@@ -282,6 +318,12 @@ int Cache::get(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **o
   sync();
   if (memo_hit(d, addr, len, access, out)) return 0;
   Shard &s = shards_[shard_of(addr)];
+  if (Entry *e = try_seen(s, d->index, addr, addr + len, access)) {
+    HitMemo &m = memo_remember(addr, e);
+    m.hits->store(m.hits->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    *out = e;
+    return 0;
+  }
   s.mu.lock();
   if (Entry *e = find_locked(s, d->index, addr, addr + len, access)) {
     e->state.fetch_add(1, std::memory_order_acq_rel);

@@ -225,6 +225,8 @@ constexpr uint64_t kRefMask = kIndexed - 1;
 inline uint32_t gen_of(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
 inline bool indexed(const Entry *e) { return e->state.load(std::memory_order_acquire) & kIndexed; }
 
+struct HitMemo;
+
 class Cache {
  public:
   Cache();
@@ -280,7 +282,8 @@ class Cache {
 
   friend struct HitMemo;
   bool memo_hit(Domain *d, uintptr_t addr, size_t len, unsigned access, Entry **out);
-  void memo_remember(uintptr_t addr, Entry *e);
+  HitMemo &memo_remember(uintptr_t addr, Entry *e);
+  Entry *try_seen(Shard &s, uint16_t domain, uintptr_t a, uintptr_t b, unsigned access);
   std::atomic<uint64_t> *thread_hits();
 
   std::unique_ptr<Shard[]> shards_;
