@@ -347,7 +347,8 @@ int regcore_reg_ctx_release(struct regcore_reg_ctx *ctx,
 			    void *arg);
 
 enum regcore_reg_strategy regcore_reg_ctx_strategy(const struct regcore_reg_ctx *ctx);
-/* 1 if the peer may end the access with SEND_WITH_INV (window keys). */
+/* 1 if the peer may end the access with SEND_WITH_INV (windows, also over
+ * a bounce buffer, and mlx5 indirect mkeys; not private MRs). */
 int regcore_reg_ctx_remote_inv_ok(const struct regcore_reg_ctx *ctx);
 
 /* ------------------------------------------------------------------ */
