@@ -31,6 +31,8 @@ packages=(
   chromium   # the HTML report is tested in headless Chromium
   strace     # fault injection in the I/O tests (strace -e inject)
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc   # clangd's exported targets
+  libclang-rt-22-dev   # ThreadSanitizer runtime: regcore's shared-core stress test
+  libucx-dev           # UCX's registration cache, regcore_bench's reference
 )
 
 install_packages() {

@@ -1,6 +1,7 @@
 // RDMA READ/WRITE contexts and remote-registration contexts: building the
 // work requests each strategy needs, posting them as one chain with only
-// the last WR signaled, and finishing them from their completion.
+// the last WR signaled, and finishing them from their completion. Every
+// public call here runs under the context's QP lock.
 #include <cerrno>
 #include <cstring>
 
@@ -8,39 +9,154 @@
 
 namespace rc {
 
+// ------------------------------------------------------------- QP memo
+
+namespace {
+
+void memo_retire(QpState *qs, MemoSlot &m) {
+  m.retiring = true;
+  if (m.inflight) return;
+  qs->core->cache.put(m.e);
+  m = MemoSlot();
+}
+
+// Hands the reference of a fresh lookup to a memo slot, if one is free or
+// idle; -1 if every slot is busy (the context keeps the reference).
+int memo_install(QpState *qs, Entry *e) {
+  int victim = -1;
+  for (int i = 0; i < QpState::kMemo; i++) {
+    MemoSlot &m = qs->memo[i];
+    if (!m.e) {
+      victim = i;
+      break;
+    }
+    if (m.inflight == 0 && (victim < 0 || m.last < qs->memo[victim].last)) victim = i;
+  }
+  if (victim < 0) return -1;
+  MemoSlot &m = qs->memo[victim];
+  if (m.e) qs->core->cache.put(m.e);
+  m = MemoSlot();
+  m.e = e;
+  m.inflight = 1;
+  m.last = ++qs->memo_tick;
+  return victim;
+}
+
+}  // namespace
+
+// The QP's memo keeps a reference on the entries its I/Os used last, so a
+// repeated lookup costs a few compares: no cache lock, no shared counter.
+// Only where idle entries may be kept (the monitor drops them when their
+// memory goes); pending memory events are applied first.
+int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out) {
+  Cache &cache = qs->core->cache;
+  access = normalize_access(access);
+  // Slots are only filled while the monitor runs; events it reported (and a
+  // fork, which stops it) unindex their entries before they are trusted.
+  cache.sync();
+  uintptr_t end = addr + len;
+  for (int i = 0; i < QpState::kMemo; i++) {
+    MemoSlot &m = qs->memo[i];
+    Entry *e = m.e;
+    if (!e || m.retiring || e->start > addr || end > e->end || (e->pub.access & access) != access) continue;
+    if (!indexed(e)) {
+      memo_retire(qs, m);
+      continue;
+    }
+    if (e->domain != qs->dom->index) continue;
+    m.inflight++;
+    m.last = ++qs->memo_tick;
+    qs->stats.cache_hits++;
+    *out = {e, static_cast<int8_t>(i)};
+    return 0;
+  }
+  Entry *e = nullptr;
+  if (int err = cache.get(qs->dom, addr, len, access, &e)) return err;
+  *out = {e, static_cast<int8_t>(cache.caching_idle() ? memo_install(qs, e) : -1)};
+  return 0;
+}
+
+void qp_cache_put(QpState *qs, RunRef r) {
+  if (r.slot < 0) {
+    qs->core->cache.put(r.e);
+    return;
+  }
+  MemoSlot &m = qs->memo[r.slot];
+  m.inflight--;
+  if (m.retiring && m.inflight == 0) memo_retire(qs, m);
+}
+
+void memo_clear(QpState *qs) {
+  for (MemoSlot &m : qs->memo) {
+    if (m.e) qs->core->cache.put(m.e);
+    m = MemoSlot();
+  }
+}
+
 namespace {
 
 uint32_t div_up(size_t a, uint32_t b) { return static_cast<uint32_t>((a + b - 1) / b); }
 
-unsigned max_sge_for(const Core *core, regcore_dir dir) {
-  return dir == REGCORE_DIR_READ ? core->policy.max_sge_read : core->policy.max_sge_write;
+unsigned max_sge_for(const QpState *qs, regcore_dir dir) {
+  return dir == REGCORE_DIR_READ ? qs->policy.max_sge_read : qs->policy.max_sge_write;
+}
+
+void put_refs(Ctx *ctx) {
+  for (RunRef r : ctx->refs) {
+    if (ctx->qp)
+      qp_cache_put(ctx->qp, r);
+    else
+      ctx->core->cache.put(r.e);  // detached contexts hold their own references
+  }
+  ctx->refs.clear();
+}
+
+void dereg_own_mrs(Ctx *ctx) {
+  for (ibv_mr *mr : ctx->own_mrs) {
+    ibv_dereg_mr(mr);
+    release_reg_slot(ctx->core);
+  }
+  ctx->own_mrs.clear();
 }
 
 // ------------------------------------------------------------ building
 
+// Runs of one I/O usually share a registration: a run inside the entry the
+// previous run found uses it again (one more use of the same memo slot).
 int resolve_lkeys(Ctx *ctx) {
-  Core *core = ctx->core;
+  QpState *qs = ctx->qp;
+  const RunRef *last = nullptr;
   for (ibv_sge &r : ctx->runs) {
     if (r.lkey) continue;  // the ULP registered it itself
-    CacheEntry *e = nullptr;
-    if (int err = core->cache.get(r.addr, r.length, core->internal_access, &e, core->stats)) return err;
-    ctx->cache_refs.push_back(e);
-    r.lkey = e->pub.lkey;
+    RunRef ref;
+    if (last && last->slot >= 0 && last->e->start <= r.addr && r.addr + r.length <= last->e->end) {
+      ref = *last;
+      qs->memo[ref.slot].inflight++;
+      qs->stats.cache_hits++;
+    } else if (int err = qp_cache_get(qs, r.addr, r.length, qs->dom->internal_access, &ref)) {
+      return err;
+    }
+    ctx->refs.push_back(ref);
+    last = &ctx->refs.back();
+    r.lkey = ref.e->pub.lkey;
   }
   return 0;
 }
 
-// RDMA WRs over ctx->wr_sges, max_sge SGEs each, consecutive remote
-// addresses. Vectors keep their capacity across reuse of the context.
-void build_rdma_wrs(Ctx *ctx, unsigned max_sge) {
-  const std::vector<ibv_sge> &list = ctx->wr_sges;
-  ctx->wrs.assign(div_up(list.size(), max_sge), ibv_send_wr{});
+// RDMA WRs over `list`, max_sge SGEs each, consecutive remote addresses.
+// Vectors keep their capacity across reuse of the context.
+void build_rdma_wrs(Ctx *ctx, const SgeVec &list, unsigned max_sge) {
+  ctx->wrs.resize(list.size() <= max_sge ? 1 : div_up(list.size(), max_sge));
   uint64_t raddr = ctx->remote_addr;
   size_t next = 0;
   for (ibv_send_wr &wr : ctx->wrs) {
+    // Every field a provider reads for RDMA READ/WRITE; wr_id, next and
+    // send_flags are set at post.
+    wr.send_flags = 0;
+    wr.imm_data = 0;
     wr.opcode = ctx->dir == REGCORE_DIR_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
     wr.sg_list = const_cast<ibv_sge *>(&list[next]);
-    wr.num_sge = static_cast<int>(std::min<size_t>(max_sge, list.size() - next));
+    wr.num_sge = static_cast<int>(std::min<uint32_t>(max_sge, list.size() - static_cast<uint32_t>(next)));
     wr.wr.rdma.remote_addr = raddr;
     wr.wr.rdma.rkey = ctx->rkey;
     for (int i = 0; i < wr.num_sge; i++) raddr += list[next + i].length;
@@ -51,8 +167,7 @@ void build_rdma_wrs(Ctx *ctx, unsigned max_sge) {
 
 int init_sge_path(Ctx *ctx) {
   if (int err = resolve_lkeys(ctx)) return err;
-  ctx->wr_sges = ctx->runs;
-  build_rdma_wrs(ctx, max_sge_for(ctx->core, ctx->dir));
+  build_rdma_wrs(ctx, ctx->runs, max_sge_for(ctx->qp, ctx->dir));
   ctx->strategy = ctx->nwr == 1 ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
   return 0;
 }
@@ -60,15 +175,16 @@ int init_sge_path(Ctx *ctx) {
 // Private MRs with exactly the rights this I/O needs (iWARP READ sinks get
 // REMOTE_WRITE); deregistered when the context is recycled.
 int init_mr_reg(Ctx *ctx) {
+  QpState *qs = ctx->qp;
   Core *core = ctx->core;
-  unsigned access = ctx->dir == REGCORE_DIR_READ ? core->policy.read_sink_access : 0;
+  unsigned access = ctx->dir == REGCORE_DIR_READ ? qs->policy.read_sink_access : 0;
   if (ctx->runs.size() > core->attr.max_mrs)
-    return fail(E2BIG, "the context needs %zu per-context MRs, more than max_mrs=%u", ctx->runs.size(),
+    return fail(E2BIG, "the context needs %u per-context MRs, more than max_mrs=%u", ctx->runs.size(),
                 core->attr.max_mrs);
   ctx->wr_sges.clear();
   for (const ibv_sge &r : ctx->runs) {
-    if (int err = acquire_reg_slot(core)) return err;
-    ibv_mr *mr = ibv_reg_mr(core->pd, reinterpret_cast<void *>(static_cast<uintptr_t>(r.addr)),
+    if (int err = acquire_reg_slot(qs)) return err;
+    ibv_mr *mr = ibv_reg_mr(qs->dom->pd, reinterpret_cast<void *>(static_cast<uintptr_t>(r.addr)),
                             r.length, static_cast<int>(access));
     if (!mr) {
       release_reg_slot(core);
@@ -77,23 +193,23 @@ int init_mr_reg(Ctx *ctx) {
     ctx->own_mrs.push_back(mr);
     ctx->wr_sges.push_back({r.addr, r.length, mr->lkey});
   }
-  build_rdma_wrs(ctx, max_sge_for(core, ctx->dir));
+  build_rdma_wrs(ctx, ctx->wr_sges, max_sge_for(qs, ctx->dir));
   return 0;
 }
 
 int init_staged(Ctx *ctx) {
-  int err = acquire_stage(ctx->core, &ctx->stage);
+  int err = acquire_stage(ctx->qp, false, &ctx->stage);
   if (err == -EAGAIN) return init_sge_path(ctx);  // like rdma_rw: no MR, more WRs
   if (err) return err;
   ctx->wr_sges.assign(1, ibv_sge{reinterpret_cast<uintptr_t>(ctx->stage->buf),
                                  static_cast<uint32_t>(ctx->bytes), ctx->stage->mr->lkey});
-  build_rdma_wrs(ctx, 1);
+  build_rdma_wrs(ctx, ctx->wr_sges, 1);
   return 0;
 }
 
 int init_indirect(Ctx *ctx) {
   if (int err = resolve_lkeys(ctx)) return err;
-  int err = acquire_mkey(ctx->core, &ctx->mkey);
+  int err = acquire_mkey(ctx->qp, false, &ctx->mkey);
   if (err == -EAGAIN) return init_sge_path(ctx);
   if (err) return err;
   ctx->nwr = (ctx->mkey->need_inval ? 1 : 0) + 2;  // [LOCAL_INV] + UMR + RDMA
@@ -111,6 +227,7 @@ int build_rw(Ctx *ctx) {
   return fail(EINVAL, "unknown strategy");
 }
 
+// Copies between the context's runs and its staging buffer.
 void stage_copy(Ctx *ctx, bool to_stage) {
   auto *stage = static_cast<uint8_t *>(ctx->stage->buf);
   for (const ibv_sge &r : ctx->runs) {
@@ -183,7 +300,7 @@ int finish_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r, uint32_t c
   // QP to error so that it flushes and those WRs complete.
   ctx->life = Ctx::kFailedPost;
   c.status = IBV_WC_WR_FLUSH_ERR;
-  ctx->core->stats.partial_posts++;
+  qs->stats.partial_posts++;
   move_qp_to_error(qs);
   if (c.wr_posted == 0) retire_through(&c);
   return fail(r.err, "ibv_post_send accepted part of the chain (%s); QP moved to error",
@@ -227,30 +344,34 @@ bool ulp_wr_convertible(const ibv_send_wr *w) {
   }
 }
 
-// [LOCAL_INV] + UMR + RDMA (+ the ULP's WRs) in one ibv_wr_* batch: the
-// UMR only exists in that API. The batch is all or nothing.
-PostResult post_indirect(Ctx *ctx, QpState *qs, Chain &c, ibv_send_wr *chain_wr) {
+// [LOCAL_INV] + UMR of the context's mkey over its runs, then (rw) the RDMA
+// WR through the mkey, then the ULP's WRs, in one ibv_wr_* batch: the UMR
+// only exists in that API. The batch is all or nothing.
+PostResult post_umr_batch(Ctx *ctx, QpState *qs, Chain &c, unsigned umr_access, bool rdma,
+                          ibv_send_wr *chain_wr) {
   PostResult r;
   ibv_qp_ex *qx = qs->qpx;
   mlx5dv_mkey *mk = ctx->mkey->mkey;
   uint64_t unsig = c.tag(kRoleUnsignaled), fin = c.tag(kRoleFinal);
+  bool umr_last = !rdma && !chain_wr;
   ibv_wr_start(qx);
   if (ctx->mkey->need_inval) {
     qx->wr_id = unsig;
     qx->wr_flags = 0;
     ibv_wr_local_inv(qx, mk->lkey);
   }
-  qx->wr_id = unsig;
-  qx->wr_flags = IBV_SEND_INLINE;  // required by mlx5 for UMR
-  mlx5dv_wr_mr_list(qs->mqpx, mk, ctx->dir == REGCORE_DIR_READ ? IBV_ACCESS_LOCAL_WRITE : 0,
-                    static_cast<uint16_t>(ctx->runs.size()), ctx->runs.data());
-  qx->wr_id = chain_wr ? unsig : fin;
-  qx->wr_flags = chain_wr ? 0 : IBV_SEND_SIGNALED;
-  if (ctx->dir == REGCORE_DIR_READ)
-    ibv_wr_rdma_read(qx, ctx->rkey, ctx->remote_addr);
-  else
-    ibv_wr_rdma_write(qx, ctx->rkey, ctx->remote_addr);
-  ibv_wr_set_sge(qx, mk->lkey, 0, static_cast<uint32_t>(ctx->bytes));  // zero based
+  qx->wr_id = umr_last ? fin : unsig;
+  qx->wr_flags = IBV_SEND_INLINE | (umr_last ? IBV_SEND_SIGNALED : 0);  // mlx5 UMRs are inline
+  mlx5dv_wr_mr_list(qs->mqpx, mk, umr_access, static_cast<uint16_t>(ctx->runs.size()), ctx->runs.data());
+  if (rdma) {
+    qx->wr_id = chain_wr ? unsig : fin;
+    qx->wr_flags = chain_wr ? 0 : IBV_SEND_SIGNALED;
+    if (ctx->dir == REGCORE_DIR_READ)
+      ibv_wr_rdma_read(qx, ctx->rkey, ctx->remote_addr);
+    else
+      ibv_wr_rdma_write(qx, ctx->rkey, ctx->remote_addr);
+    ibv_wr_set_sge(qx, mk->lkey, 0, static_cast<uint32_t>(ctx->bytes));  // zero based
+  }
   std::vector<ibv_data_buf> bufs;
   for (ibv_send_wr *w = chain_wr; w; w = w->next) {
     qx->wr_id = w->next ? w->wr_id : fin;
@@ -270,7 +391,7 @@ bool chain_signaled(const ibv_send_wr *chain_wr) {
   return last->send_flags & IBV_SEND_SIGNALED;
 }
 
-int check_chain_wr(Core *core, ibv_send_wr *chain_wr, bool via_qpx) {
+int check_chain_wr(ibv_send_wr *chain_wr, bool via_qpx) {
   if (!chain_wr) return 0;
   if (!chain_signaled(chain_wr))
     return fail(EINVAL, "the last chained WR must be IBV_SEND_SIGNALED: its completion is the "
@@ -280,33 +401,33 @@ int check_chain_wr(Core *core, ibv_send_wr *chain_wr, bool via_qpx) {
     for (ibv_send_wr *w = chain_wr; w; w = w->next)
       if (!ulp_wr_convertible(w)) return fail(EINVAL, "chained WR opcode %d not supported", w->opcode);
 #endif
-  (void)core;
   (void)via_qpx;
   return 0;
 }
 
-bool take_credits(Core *core, QpState *qs, uint32_t n) {
+bool take_credits(QpState *qs, uint32_t n) {
   if (qs->credits >= n) return true;
-  core->stats.eagain++;
+  qs->stats.eagain++;
   fail(EAGAIN, "no send-queue room: %u credits left, context needs %u", qs->credits, n);
   return false;
 }
 
 // ---------------------------------------------------------- reg helpers
 
-void mark_key_dead(Ctx *ctx) {
-  if (ctx->key == Ctx::kKeyLive) ctx->core->live_rkeys.erase(ctx->reg_rkey);
-  ctx->key = Ctx::kKeyDead;
-}
+void mark_key_dead(Ctx *ctx) { ctx->key = Ctx::kKeyDead; }
 
 // The peer invalidated some other key of ours (a protocol error on its
-// side): that key is dead now, so its own release needs no LOCAL_INV.
-void note_foreign_invalidation(Core *core, uint32_t rkey) {
-  auto it = core->live_rkeys.find(rkey);
-  if (it == core->live_rkeys.end()) return;
-  Ctx *other = it->second;
-  mark_key_dead(other);
-  maybe_recycle(other);
+// side). Only windows and mkeys bound through this QP can be invalidated
+// by its peer: that key is dead now, so its own release needs no LOCAL_INV.
+void note_foreign_invalidation(QpState *qs, uint32_t rkey) {
+  for (Ctx *other : qs->owned)
+    if (other->kind == Ctx::kReg && other->qp == qs && other->key == Ctx::kKeyLive &&
+        other->reg_rkey == rkey && other->reg_strategy != REGCORE_REG_MR) {
+      mark_key_dead(other);
+      if (other->mkey) other->mkey->need_inval = false;
+      maybe_recycle(other);
+      return;
+    }
 }
 
 int post_local_inv(Ctx *ctx) {
@@ -319,13 +440,21 @@ int post_local_inv(Ctx *ctx) {
   wr.invalidate_rkey = ctx->reg_rkey;
   PostResult r = post_chain(qs, c, &wr, 1, nullptr);
   if (r.err) return -r.err;  // one WR: nothing was posted
-  c.credits = ctx->reserved_credits;  // reserved when the bind was posted
+  c.credits = ctx->reserved_credits;  // reserved when the key was posted
   ctx->reserved_credits = 0;
   c.wr_posted = 1;
   c.has_final = true;
   fifo_append(qs, &c);
-  ctx->core->stats.local_invs++;
+  qs->stats.local_invs++;
   return 0;
+}
+
+bool staged_reg(const Ctx *ctx) { return ctx->kind == Ctx::kReg && ctx->reg_strategy == REGCORE_REG_STAGED; }
+
+// The ULP's buffers are handed back: what the peer wrote into the bounce
+// buffer goes to them first.
+void hand_back(Ctx *ctx) {
+  if (staged_reg(ctx) && ctx->stage && (ctx->remote_access & IBV_ACCESS_REMOTE_WRITE)) stage_copy(ctx, false);
 }
 
 }  // namespace
@@ -333,63 +462,58 @@ int post_local_inv(Ctx *ctx) {
 // ------------------------------------------------- completion & teardown
 
 void rw_release_resources(Ctx *ctx) {
-  Core *core = ctx->core;
-  for (CacheEntry *e : ctx->cache_refs) core->cache.put(e);
-  ctx->cache_refs.clear();
-  for (ibv_mr *mr : ctx->own_mrs) {
-    ibv_dereg_mr(mr);
-    release_reg_slot(core);
-  }
-  ctx->own_mrs.clear();
-  if (ctx->stage) release_stage(core, ctx->stage);
+  put_refs(ctx);
+  dereg_own_mrs(ctx);
+  if (ctx->stage) release_stage(ctx, ctx->stage, false);
   ctx->stage = nullptr;
   if (ctx->mkey) {
     bool unknown = ctx->life == Ctx::kFailedPost || ctx->chains[0].status != IBV_WC_SUCCESS;
-    release_mkey(core, ctx->mkey, unknown);
+    release_mkey(ctx, ctx->mkey, unknown);
   }
   ctx->mkey = nullptr;
 }
 
 void reg_release_resources(Ctx *ctx) {
-  Core *core = ctx->core;
-  if (ctx->mw) release_mw(core, ctx->mw, false);  // unbound by now
+  if (ctx->mw) release_mw(ctx, ctx->mw, false);  // unbound by now
   ctx->mw = nullptr;
-  for (ibv_mr *mr : ctx->own_mrs) {
-    ibv_dereg_mr(mr);
-    release_reg_slot(core);
-  }
-  ctx->own_mrs.clear();
-  for (CacheEntry *e : ctx->cache_refs) core->cache.put(e);
-  ctx->cache_refs.clear();
+  if (ctx->mkey) release_mkey(ctx, ctx->mkey, ctx->mkey->need_inval);
+  ctx->mkey = nullptr;
+  if (ctx->stage) release_stage(ctx, ctx->stage, true);
+  ctx->stage = nullptr;
+  dereg_own_mrs(ctx);
+  put_refs(ctx);
 }
 
-// Kills the key without the QP: freeing the window (or deregistering the
-// MR) invalidates it synchronously.
+// Kills the key without the QP: freeing the window, the mkey or the MR
+// invalidates it synchronously.
 void kill_reg_key_sync(Ctx *ctx) {
-  Core *core = ctx->core;
   if (ctx->key != Ctx::kKeyLive) return;
   if (ctx->mw) {
-    release_mw(core, ctx->mw, true);
+    release_mw(ctx, ctx->mw, true);
     ctx->mw = nullptr;
   }
-  for (ibv_mr *mr : ctx->own_mrs) {
-    ibv_dereg_mr(mr);
-    release_reg_slot(core);
+  if (ctx->mkey) {
+    release_mkey(ctx, ctx->mkey, true);
+    ctx->mkey = nullptr;
   }
-  ctx->own_mrs.clear();
-  core->stats.sync_invalidations++;
+  dereg_own_mrs(ctx);
+  if (ctx->qp) ctx->qp->stats.sync_invalidations++;
   mark_key_dead(ctx);
 }
 
-void finish_reg_release(Ctx *ctx, bool from_completion) {
+void finish_reg_release(Ctx *ctx, bool from_completion, std::vector<DueCallback> &due) {
   if (from_completion && ctx->cb_owed) {
+    hand_back(ctx);
     ctx->cb_owed = false;
-    if (ctx->cb) ctx->cb(reinterpret_cast<regcore_reg_ctx *>(ctx), 0, ctx->cb_arg);
+    if (ctx->cb) {
+      ctx->cb_running = true;
+      due.push_back({ctx, ctx->cb, ctx->cb_arg});
+    }
   }
   maybe_recycle(ctx);
 }
 
-void on_final_completion(Ctx *ctx, Chain *c, ibv_wc *wc) {
+void on_final_completion(Ctx *ctx, Chain *c, ibv_wc *wc, std::vector<DueCallback> &due) {
   bool post_chain_final = c == &ctx->chains[0];
   if (post_chain_final) {
     ctx->life = Ctx::kCompleted;
@@ -404,11 +528,13 @@ void on_final_completion(Ctx *ctx, Chain *c, ibv_wc *wc) {
     return;
   }
   // chains[1]: the LOCAL_INV of a reg context.
-  if (wc->status == IBV_WC_SUCCESS)
+  if (wc->status == IBV_WC_SUCCESS) {
     mark_key_dead(ctx);
-  else
+    if (ctx->mkey) ctx->mkey->need_inval = false;
+  } else {
     kill_reg_key_sync(ctx);
-  finish_reg_release(ctx, true);
+  }
+  finish_reg_release(ctx, true, due);
 }
 
 }  // namespace rc
@@ -417,6 +543,37 @@ using namespace rc;
 
 // =========================================================== public API
 
+namespace {
+
+// Holds a QP's lock for the scope of a call.
+class QpLock {
+ public:
+  explicit QpLock(QpState *qs) : qs_(qs) { qs_->mu.lock(); }
+  ~QpLock() { qs_->mu.unlock(); }
+
+ private:
+  QpState *qs_;
+};
+
+class CtxLock {
+ public:
+  explicit CtxLock(Ctx *ctx) : ctx_(ctx) { lock_ctx(ctx_); }
+  ~CtxLock() { unlock_ctx(ctx_); }
+
+ private:
+  Ctx *ctx_;
+};
+
+// Undoes a context whose init failed.
+int abandon(Ctx *ctx, int err) {
+  if (ctx->kind == Ctx::kReg) kill_reg_key_sync(ctx);
+  ctx->ulp_done = true;
+  maybe_recycle(ctx);
+  return err;
+}
+
+}  // namespace
+
 extern "C" {
 
 int regcore_rw_ctx_init(struct regcore_rw_ctx **out, struct regcore *handle, struct ibv_qp *qp,
@@ -424,39 +581,25 @@ int regcore_rw_ctx_init(struct regcore_rw_ctx **out, struct regcore *handle, str
                         uint32_t rkey, enum regcore_dir dir) {
   if (!out || !handle || !qp || (!sgl && nsge)) return fail(EINVAL, "regcore_rw_ctx_init: NULL argument");
   if (dir != REGCORE_DIR_READ && dir != REGCORE_DIR_WRITE) return fail(EINVAL, "bad direction");
-  Core *core = core_of(handle);
-  QpState *qs = find_qp(core, qp);
+  QpState *qs = find_qp(core_of(handle), qp);
   if (!qs) return fail(EINVAL, "regcore_rw_ctx_init: QP not created by regcore_qp_create");
-  Ctx *ctx = ctx_alloc(core, qs, Ctx::kRw);
+  QpLock lock(qs);
+  Ctx *ctx = ctx_alloc(qs, Ctx::kRw);
   if (!ctx) return -EAGAIN;
   uint64_t bytes = 0;
   coalesce(sgl, nsge, ctx->runs, &bytes);  // into the context's reused storage
-  int err = 0;
-  if (ctx->runs.empty())
-    err = fail(EINVAL, "regcore_rw_ctx_init: empty SGE list");
-  else if (ctx->runs.size() > core->policy.max_sge_per_ctx)
-    err = fail(E2BIG, "%zu SGEs exceed the declared max_sge_per_ctx=%u", ctx->runs.size(),
-               core->policy.max_sge_per_ctx);
-  else if (bytes > UINT32_MAX)
-    err = fail(EINVAL, "regcore_rw_ctx_init: more than 4 GiB");
-  if (err) {
-    ctx->ulp_done = true;
-    maybe_recycle(ctx);
-    return err;
-  }
+  if (ctx->runs.empty()) return abandon(ctx, fail(EINVAL, "regcore_rw_ctx_init: empty SGE list"));
+  if (ctx->runs.size() > qs->policy.max_sge_per_ctx)
+    return abandon(ctx, fail(E2BIG, "%u SGEs exceed the declared max_sge_per_ctx=%u", ctx->runs.size(),
+                             qs->policy.max_sge_per_ctx));
+  if (bytes > UINT32_MAX) return abandon(ctx, fail(EINVAL, "regcore_rw_ctx_init: more than 4 GiB"));
   ctx->dir = dir;
   ctx->remote_addr = remote_addr;
   ctx->rkey = rkey;
   ctx->bytes = bytes;
-  ctx->strategy = regcore_policy_decide(&core->policy, dir, static_cast<unsigned>(ctx->runs.size()),
-                                        bytes, core->attr.flags);
-  err = build_rw(ctx);
-  if (err) {
-    ctx->ulp_done = true;
-    maybe_recycle(ctx);
-    return err;
-  }
-  core->stats.rw_ctxs[ctx->strategy]++;
+  ctx->strategy = decide(qs->policy, dir, ctx->runs.size(), bytes, ctx->core->attr.flags);
+  if (int err = build_rw(ctx)) return abandon(ctx, err);
+  qs->stats.rw_ctxs[ctx->strategy]++;
   *out = reinterpret_cast<regcore_rw_ctx *>(ctx);
   return static_cast<int>(ctx->nwr);
 }
@@ -465,13 +608,14 @@ int regcore_rw_ctx_post(struct regcore_rw_ctx *handle, struct ibv_qp *qp, uint64
                         struct ibv_send_wr *chain_wr) {
   if (!handle) return fail(EINVAL, "regcore_rw_ctx_post: NULL context");
   Ctx *ctx = ctx_of(handle);
-  if (ctx->kind != Ctx::kRw || ctx->ulp_done || ctx->life != Ctx::kInit)
-    return fail(EINVAL, "regcore_rw_ctx_post: context not initialized or already posted");
   QpState *qs = ctx->qp;
   if (!qs || qs->qp != qp) return fail(EINVAL, "regcore_rw_ctx_post: not the context's QP");
+  QpLock lock(qs);
+  if (ctx->kind != Ctx::kRw || ctx->ulp_done || ctx->life != Ctx::kInit)
+    return fail(EINVAL, "regcore_rw_ctx_post: context not initialized or already posted");
   bool indirect = ctx->strategy == REGCORE_RW_INDIRECT;
-  if (int err = check_chain_wr(ctx->core, chain_wr, indirect)) return err;
-  if (!take_credits(ctx->core, qs, ctx->nwr)) return -EAGAIN;
+  if (int err = check_chain_wr(chain_wr, indirect)) return err;
+  if (!take_credits(qs, ctx->nwr)) return -EAGAIN;
   Chain &c = ctx->chains[0];
   c.reset();
   c.ulp_visible = true;
@@ -480,7 +624,8 @@ int regcore_rw_ctx_post(struct regcore_rw_ctx *handle, struct ibv_qp *qp, uint64
   PostResult r;
 #if REGCORE_HAVE_MLX5DV
   if (indirect) {
-    r = post_indirect(ctx, qs, c, chain_wr);
+    unsigned access = ctx->dir == REGCORE_DIR_READ ? IBV_ACCESS_LOCAL_WRITE : 0;
+    r = post_umr_batch(ctx, qs, c, access, true, chain_wr);
     if (r.err == 0) ctx->mkey->need_inval = true;  // set at post, as rdma_rw does
   } else
 #endif
@@ -493,6 +638,7 @@ int regcore_rw_ctx_post(struct regcore_rw_ctx *handle, struct ibv_qp *qp, uint64
 int regcore_rw_ctx_destroy(struct regcore_rw_ctx *handle) {
   if (!handle) return fail(EINVAL, "regcore_rw_ctx_destroy: NULL context");
   Ctx *ctx = ctx_of(handle);
+  CtxLock lock(ctx);
   if (ctx->kind != Ctx::kRw || ctx->ulp_done) return fail(EINVAL, "regcore_rw_ctx_destroy: not a live rw context");
   if (ctx->life == Ctx::kPosted)
     return fail(EBUSY, "regcore_rw_ctx_destroy: the context's completion has not been seen");
@@ -500,13 +646,7 @@ int regcore_rw_ctx_destroy(struct regcore_rw_ctx *handle) {
   // After a partial post the context waits for its orphaned WRs to flush;
   // keys that grant remote access must not outlive this call. The QP is in
   // error already, so nothing executes with them any more.
-  if (ctx->life == Ctx::kFailedPost && regcore_rw_ctx_remote_keys(handle, nullptr, 0) > 0) {
-    for (ibv_mr *mr : ctx->own_mrs) {
-      ibv_dereg_mr(mr);
-      release_reg_slot(ctx->core);
-    }
-    ctx->own_mrs.clear();
-  }
+  if (ctx->life == Ctx::kFailedPost && regcore_rw_ctx_remote_keys(handle, nullptr, 0) > 0) dereg_own_mrs(ctx);
   maybe_recycle(ctx);
   return 0;
 }
@@ -517,7 +657,7 @@ enum regcore_rw_strategy regcore_rw_ctx_strategy(const struct regcore_rw_ctx *ha
 
 int regcore_rw_ctx_remote_keys(const struct regcore_rw_ctx *handle, uint32_t *keys, unsigned max) {
   const Ctx *ctx = ctx_of(handle);
-  unsigned access = ctx->dir == REGCORE_DIR_READ ? ctx->core->policy.read_sink_access : 0;
+  unsigned access = ctx->dir == REGCORE_DIR_READ ? ctx->dom->policy.read_sink_access : 0;
   if (ctx->strategy != REGCORE_RW_MR_REG || !(access & IBV_ACCESS_REMOTE_WRITE)) return 0;
   unsigned n = 0;
   for (ibv_mr *mr : ctx->own_mrs) {
@@ -529,71 +669,134 @@ int regcore_rw_ctx_remote_keys(const struct regcore_rw_ctx *handle, uint32_t *ke
 
 // ------------------------------------------------------------ reg contexts
 
-static int reg_init_mw(Ctx *ctx, void *addr, size_t len) {
-  Core *core = ctx->core;
-  CacheEntry *e = nullptr;
-  if (int err = core->cache.get(reinterpret_cast<uintptr_t>(addr), len, core->internal_access, &e,
-                                core->stats))
-    return err;
-  ctx->cache_refs.push_back(e);
-  if (int err = acquire_mw(core, &ctx->mw)) return err;
+// A window over [addr, addr+len) of `mr` with a fresh key.
+static int reg_bind_window(Ctx *ctx, ibv_mr *mr, uintptr_t addr, size_t len) {
+  if (int err = acquire_mw(ctx->qp, &ctx->mw)) return err;
   ctx->mw->rkey = ibv_inc_rkey(ctx->mw->rkey);  // a fresh key on every reuse
   ctx->reg_rkey = ctx->mw->rkey;
+  ctx->reg_addr = addr;
   ctx->wrs.assign(1, ibv_send_wr{});
   ibv_send_wr &wr = ctx->wrs[0];
   wr.opcode = IBV_WR_BIND_MW;
   wr.bind_mw.mw = ctx->mw->mw;
   wr.bind_mw.rkey = ctx->reg_rkey;
-  wr.bind_mw.bind_info.mr = e->pub.ibv_mr;
-  wr.bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
+  wr.bind_mw.bind_info.mr = mr;
+  wr.bind_mw.bind_info.addr = addr;
   wr.bind_mw.bind_info.length = len;
   wr.bind_mw.bind_info.mw_access_flags = ctx->remote_access;
   ctx->nwr = 1;
   return 0;
 }
 
+static int reg_init_mw(Ctx *ctx, void *addr, size_t len) {
+  QpState *qs = ctx->qp;
+  RunRef ref;
+  if (int err = qp_cache_get(qs, reinterpret_cast<uintptr_t>(addr), len, qs->dom->internal_access, &ref))
+    return err;
+  ctx->refs.push_back(ref);
+  return reg_bind_window(ctx, ref.e->pub.ibv_mr, reinterpret_cast<uintptr_t>(addr), len);
+}
+
+// A private MR with exactly the remote rights, valid from registration on.
 static int reg_init_mr(Ctx *ctx, void *addr, size_t len) {
-  Core *core = ctx->core;
+  QpState *qs = ctx->qp;
   unsigned roles = ((ctx->remote_access & IBV_ACCESS_REMOTE_READ) ? REGCORE_ROLE_REMOTE_READ : 0) |
                    ((ctx->remote_access & IBV_ACCESS_REMOTE_WRITE) ? REGCORE_ROLE_REMOTE_WRITE : 0) |
                    ((ctx->remote_access & IBV_ACCESS_REMOTE_ATOMIC) ? REGCORE_ROLE_REMOTE_ATOMIC : 0);
-  if (int err = acquire_reg_slot(core)) return err;
-  ibv_mr *mr = ibv_reg_mr(core->pd, addr, len, regcore_access_flags_for(core->policy.transport, roles));
+  if (int err = acquire_reg_slot(qs)) return err;
+  ibv_mr *mr = ibv_reg_mr(qs->dom->pd, addr, len, regcore_access_flags_for(qs->policy.transport, roles));
   if (!mr) {
-    release_reg_slot(core);
+    release_reg_slot(ctx->core);
     return fail(errno ? errno : EIO, "ibv_reg_mr for a reg context failed");
   }
   ctx->own_mrs.push_back(mr);
   ctx->reg_rkey = mr->rkey;
-  ctx->key = Ctx::kKeyLive;  // valid from registration on
+  ctx->reg_addr = reinterpret_cast<uintptr_t>(addr);
+  ctx->key = Ctx::kKeyLive;
   ctx->nwr = 0;
+  return 0;
+}
+
+// An SGL behind one indirect mkey with remote access, zero based.
+static int reg_init_indirect(Ctx *ctx) {
+  if (int err = resolve_lkeys(ctx)) return err;
+  if (int err = acquire_mkey(ctx->qp, true, &ctx->mkey)) return err;
+  ctx->reg_rkey = ctx->mkey->mkey->rkey;
+  ctx->reg_addr = 0;
+  ctx->nwr = (ctx->mkey->need_inval ? 1 : 0) + 1;  // [LOCAL_INV] + UMR
+  return 0;
+}
+
+// An SGL staged through a bounce buffer keyed by a window or its own MR.
+static int reg_init_staged(Ctx *ctx) {
+  if (ctx->bytes > ctx->dom->bounce_bytes)
+    return fail(E2BIG, "a staged SGL of %llu bytes exceeds the %u-byte bounce buffer (stage_bytes)",
+                static_cast<unsigned long long>(ctx->bytes), ctx->dom->bounce_bytes);
+  if (int err = acquire_stage(ctx->qp, true, &ctx->stage)) return err;
+  if (ctx->dom->mw_ok) return reg_bind_window(ctx, ctx->stage->mr, reinterpret_cast<uintptr_t>(ctx->stage->buf), ctx->bytes);
+  return reg_init_mr(ctx, ctx->stage->buf, ctx->bytes);
+}
+
+static int reg_ctx_start(Ctx *ctx, unsigned remote_access) {
+  const unsigned remote = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+  if (!remote_access || (remote_access & ~remote))
+    return fail(EINVAL, "regcore_reg_ctx_init: remote_access must be REMOTE_READ/WRITE/ATOMIC bits");
+  ctx->remote_access = remote_access;
   return 0;
 }
 
 int regcore_reg_ctx_init(struct regcore_reg_ctx **out, struct regcore *handle, struct ibv_qp *qp,
                          void *addr, size_t length, unsigned remote_access) {
   if (!out || !handle || !qp || !addr || !length) return fail(EINVAL, "regcore_reg_ctx_init: bad argument");
-  const unsigned remote = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
-  if (!remote_access || (remote_access & ~remote))
-    return fail(EINVAL, "regcore_reg_ctx_init: remote_access must be REMOTE_READ/WRITE/ATOMIC bits");
-  Core *core = core_of(handle);
-  QpState *qs = find_qp(core, qp);
+  QpState *qs = find_qp(core_of(handle), qp);
   if (!qs) return fail(EINVAL, "regcore_reg_ctx_init: QP not created by regcore_qp_create");
-  Ctx *ctx = ctx_alloc(core, qs, Ctx::kReg);
+  QpLock lock(qs);
+  Ctx *ctx = ctx_alloc(qs, Ctx::kReg);
   if (!ctx) return -EAGAIN;
-  ctx->reg_addr = addr;
+  if (int err = reg_ctx_start(ctx, remote_access)) return abandon(ctx, err);
   ctx->reg_len = length;
-  ctx->remote_access = remote_access;
-  ctx->reg_strategy = core->mw_ok ? REGCORE_REG_MW : REGCORE_REG_MR;
-  int err = ctx->reg_strategy == REGCORE_REG_MW ? reg_init_mw(ctx, addr, length)
-                                                : reg_init_mr(ctx, addr, length);
-  if (err) {
-    kill_reg_key_sync(ctx);
-    ctx->ulp_done = true;
-    maybe_recycle(ctx);
-    return err;
+  ctx->reg_strategy = qs->dom->mw_ok ? REGCORE_REG_MW : REGCORE_REG_MR;
+  int err = ctx->reg_strategy == REGCORE_REG_MW ? reg_init_mw(ctx, addr, length) : reg_init_mr(ctx, addr, length);
+  if (err) return abandon(ctx, err);
+  qs->stats.reg_ctxs[ctx->reg_strategy]++;
+  *out = reinterpret_cast<regcore_reg_ctx *>(ctx);
+  return 0;
+}
+
+int regcore_reg_ctx_init_iov(struct regcore_reg_ctx **out, struct regcore *handle, struct ibv_qp *qp,
+                             const struct iovec *iov, unsigned iovcnt, unsigned remote_access) {
+  if (!out || !handle || !qp || !iov || !iovcnt) return fail(EINVAL, "regcore_reg_ctx_init_iov: bad argument");
+  QpState *qs = find_qp(core_of(handle), qp);
+  if (!qs) return fail(EINVAL, "regcore_reg_ctx_init_iov: QP not created by regcore_qp_create");
+  QpLock lock(qs);
+  Ctx *ctx = ctx_alloc(qs, Ctx::kReg);
+  if (!ctx) return -EAGAIN;
+  if (int err = reg_ctx_start(ctx, remote_access)) return abandon(ctx, err);
+  ctx->wr_sges.clear();
+  for (unsigned i = 0; i < iovcnt; i++) {
+    if (iov[i].iov_len > UINT32_MAX) return abandon(ctx, fail(EINVAL, "an iovec element exceeds 4 GiB"));
+    ctx->wr_sges.push_back({reinterpret_cast<uintptr_t>(iov[i].iov_base), static_cast<uint32_t>(iov[i].iov_len), 0});
   }
-  core->stats.reg_ctxs[ctx->reg_strategy]++;
+  coalesce(ctx->wr_sges.data(), iovcnt, ctx->runs, &ctx->bytes);
+  if (ctx->runs.empty()) return abandon(ctx, fail(EINVAL, "regcore_reg_ctx_init_iov: empty SGL"));
+  if (ctx->runs.size() > qs->policy.max_sge_per_ctx)
+    return abandon(ctx, fail(E2BIG, "%u elements exceed the declared max_sge_per_ctx=%u", ctx->runs.size(),
+                             qs->policy.max_sge_per_ctx));
+  ctx->reg_len = ctx->bytes;
+  int err;
+  if (ctx->runs.size() == 1) {
+    void *addr = reinterpret_cast<void *>(static_cast<uintptr_t>(ctx->runs[0].addr));
+    ctx->reg_strategy = qs->dom->mw_ok ? REGCORE_REG_MW : REGCORE_REG_MR;
+    err = ctx->reg_strategy == REGCORE_REG_MW ? reg_init_mw(ctx, addr, ctx->bytes) : reg_init_mr(ctx, addr, ctx->bytes);
+  } else if (qs->policy.indirect && qs->mqpx) {
+    ctx->reg_strategy = REGCORE_REG_INDIRECT;
+    err = reg_init_indirect(ctx);
+  } else {
+    ctx->reg_strategy = REGCORE_REG_STAGED;
+    err = reg_init_staged(ctx);
+  }
+  if (err) return abandon(ctx, err);
+  qs->stats.reg_ctxs[ctx->reg_strategy]++;
   *out = reinterpret_cast<regcore_reg_ctx *>(ctx);
   return 0;
 }
@@ -602,62 +805,76 @@ int regcore_reg_ctx_rkey(const struct regcore_reg_ctx *handle, uint32_t *rkey, u
   if (!handle) return fail(EINVAL, "regcore_reg_ctx_rkey: NULL context");
   const Ctx *ctx = ctx_of(handle);
   if (rkey) *rkey = ctx->reg_rkey;
-  if (remote_addr) *remote_addr = reinterpret_cast<uintptr_t>(ctx->reg_addr);
+  if (remote_addr) *remote_addr = ctx->reg_addr;
   return 0;
 }
 
 int regcore_reg_ctx_post(struct regcore_reg_ctx *handle, struct ibv_send_wr *chain_wr) {
   if (!handle) return fail(EINVAL, "regcore_reg_ctx_post: NULL context");
   Ctx *ctx = ctx_of(handle);
-  if (ctx->kind != Ctx::kReg || ctx->ulp_done || ctx->life != Ctx::kInit)
-    return fail(EINVAL, "regcore_reg_ctx_post: context not initialized or already posted");
   QpState *qs = ctx->qp;
   if (!qs) return fail(ENOTCONN, "regcore_reg_ctx_post: the QP was destroyed");
-  if (int err = check_chain_wr(ctx->core, chain_wr, false)) return err;
-  bool mw = ctx->reg_strategy == REGCORE_REG_MW;
-  if (!mw && !chain_wr) {
+  QpLock lock(qs);
+  if (ctx->kind != Ctx::kReg || ctx->ulp_done || ctx->life != Ctx::kInit)
+    return fail(EINVAL, "regcore_reg_ctx_post: context not initialized or already posted");
+  bool umr = ctx->reg_strategy == REGCORE_REG_INDIRECT;
+  if (int err = check_chain_wr(chain_wr, umr)) return err;
+  if (staged_reg(ctx) && (ctx->remote_access & IBV_ACCESS_REMOTE_READ)) stage_copy(ctx, true);
+  bool mw = ctx->mw != nullptr;
+  if (!mw && !umr && !chain_wr) {
     ctx->life = Ctx::kPosted;  // registered synchronously: nothing to post
     return 0;
   }
-  // A window reserves room for its LOCAL_INV now, so release never waits.
-  uint32_t need = mw ? 2 : 0;
-  if (!take_credits(ctx->core, qs, need)) return -EAGAIN;
+  // Invalidatable keys reserve room for their LOCAL_INV now, so release
+  // never waits for queue room.
+  bool inval = mw || umr;
+  uint32_t posted = mw ? 1 : umr ? ctx->nwr : 0;
+  if (!take_credits(qs, posted + (inval ? 1 : 0))) return -EAGAIN;
   Chain &c = ctx->chains[0];
   c.reset();
   c.ulp_visible = chain_wr != nullptr;
   c.ulp_wr_id = chain_wr ? last_of(chain_wr)->wr_id : 0;
-  PostResult r = post_chain(qs, c, mw ? ctx->wrs.data() : nullptr, mw ? 1 : 0, chain_wr);
-  if (mw && r.internal_posted) {
-    ctx->key = Ctx::kKeyLive;
-    ctx->core->live_rkeys[ctx->reg_rkey] = ctx;
+  PostResult r;
+#if REGCORE_HAVE_MLX5DV
+  if (umr) {
+    unsigned access = IBV_ACCESS_LOCAL_WRITE | ctx->remote_access;
+    r = post_umr_batch(ctx, qs, c, access, false, chain_wr);
+    if (r.err == 0) ctx->mkey->need_inval = true;  // until invalidated
+  } else
+#endif
+  {
+    r = post_chain(qs, c, mw ? ctx->wrs.data() : nullptr, mw ? 1 : 0, chain_wr);
   }
-  if (mw && (r.err == 0 || r.any_posted)) {
+  if (inval && r.internal_posted) ctx->key = Ctx::kKeyLive;
+  if (inval && (r.err == 0 || r.any_posted)) {
     ctx->reserved_credits = 1;
     qs->credits -= 1;
   }
-  return finish_post(ctx, qs, c, r, mw ? 1 : 0);
+  return finish_post(ctx, qs, c, r, posted);
 }
 
 int regcore_reg_ctx_release(struct regcore_reg_ctx *handle, uint32_t invalidated_rkey,
                             regcore_release_cb cb, void *arg) {
   if (!handle) return fail(EINVAL, "regcore_reg_ctx_release: NULL context");
   Ctx *ctx = ctx_of(handle);
+  CtxLock lock(ctx);
   if (ctx->kind != Ctx::kReg || ctx->ulp_done)
     return fail(EINVAL, "regcore_reg_ctx_release: not a live reg context");
-  Core *core = ctx->core;
+  QpState *qs = ctx->qp;
   ctx->ulp_done = true;
-  bool window = ctx->reg_strategy == REGCORE_REG_MW;
-  if (invalidated_rkey && window && ctx->key == Ctx::kKeyLive && invalidated_rkey == ctx->reg_rkey) {
-    core->stats.remote_inv_matched++;
+  bool remote_inv_ok = ctx->reg_strategy != REGCORE_REG_MR && !(staged_reg(ctx) && !ctx->mw);
+  if (invalidated_rkey && remote_inv_ok && ctx->key == Ctx::kKeyLive && invalidated_rkey == ctx->reg_rkey) {
+    if (qs) qs->stats.remote_inv_matched++;
     mark_key_dead(ctx);  // the peer's SEND_WITH_INV already killed it
+    if (ctx->mkey) ctx->mkey->need_inval = false;
   } else if (invalidated_rkey) {
-    core->stats.remote_inv_mismatched++;
+    if (qs) qs->stats.remote_inv_mismatched++;
     fail(EKEYREJECTED, "peer invalidated rkey %#x, expected %#x: invalidating locally",
          invalidated_rkey, ctx->reg_rkey);
-    note_foreign_invalidation(core, invalidated_rkey);
+    if (qs) note_foreign_invalidation(qs, invalidated_rkey);
   }
   if (ctx->key == Ctx::kKeyLive) {
-    if (!window || !ctx->qp || ctx->qp->error || post_local_inv(ctx) != 0) {
+    if (ctx->own_mrs.size() || !qs || qs->error || post_local_inv(ctx) != 0) {
       kill_reg_key_sync(ctx);
     } else {
       ctx->cb = cb;
@@ -666,7 +883,9 @@ int regcore_reg_ctx_release(struct regcore_reg_ctx *handle, uint32_t invalidated
       return -EINPROGRESS;
     }
   }
-  finish_reg_release(ctx, false);
+  hand_back(ctx);
+  std::vector<DueCallback> none;
+  finish_reg_release(ctx, false, none);
   return 0;
 }
 
@@ -675,7 +894,9 @@ enum regcore_reg_strategy regcore_reg_ctx_strategy(const struct regcore_reg_ctx 
 }
 
 int regcore_reg_ctx_remote_inv_ok(const struct regcore_reg_ctx *handle) {
-  return ctx_of(handle)->reg_strategy == REGCORE_REG_MW;
+  const Ctx *ctx = ctx_of(handle);
+  return ctx->reg_strategy == REGCORE_REG_MW || ctx->reg_strategy == REGCORE_REG_INDIRECT ||
+         (ctx->reg_strategy == REGCORE_REG_STAGED && ctx->mw);
 }
 
 }  // extern "C"

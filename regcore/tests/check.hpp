@@ -1,7 +1,8 @@
 // Minimal test harness: TEST(name) registers a case; CHECK* report the
 // failing expression and abort the case. main() runs the cases whose names
-// match argv[1] (substring, all by default), prints "PASS name"/"FAIL name"
-// per case and a summary, and exits non-zero if any case failed.
+// match argv[1] (substring, or prefix when it starts with '^'; all by
+// default), prints "PASS name"/"FAIL name" per case and a summary, and
+// exits non-zero if any case failed.
 #pragma once
 
 #include <cstdio>
@@ -37,7 +38,10 @@ inline int run_all(int argc, char **argv) {
   const char *filter = argc > 1 ? argv[1] : "";
   int passed = 0, failed = 0;
   for (const Case &c : cases()) {
-    if (*filter && !std::strstr(c.name, filter)) continue;
+    bool prefix = *filter == '^';
+    if (prefix ? std::strncmp(c.name, filter + 1, std::strlen(filter + 1)) != 0
+               : *filter && !std::strstr(c.name, filter))
+      continue;
     try {
       c.fn();
       std::printf("PASS %s\n", c.name);

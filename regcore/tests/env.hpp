@@ -39,6 +39,8 @@ struct Options {
   uint32_t max_sge_per_ctx = 16;
   uint32_t flags = 0;
   uint32_t max_mrs = 0;
+  uint32_t cache_max_entries = 0;
+  uint64_t cache_max_bytes = 0;
   size_t remote_bytes = 1 << 20;
 };
 
@@ -53,6 +55,9 @@ struct Env {
   simverbs_peer *peer = nullptr;
   std::vector<uint8_t> remote;  // peer memory the QP's RDMA WRs target
   uint32_t remote_rkey = 0;
+  // Cache references whose lkeys posted receives use: put at teardown, as
+  // an lkey is only valid while its registration is referenced.
+  std::vector<regcore_mr *> held;
 
   Env(simverbs_profile p, Options o = Options()) : profile(p), opt(o) {
     ctx = open_device(p);
@@ -63,6 +68,8 @@ struct Env {
     a.max_mrs = opt.max_mrs;
     a.max_sge_per_ctx = opt.max_sge_per_ctx;
     a.flags = opt.flags;
+    a.cache_max_entries = opt.cache_max_entries;
+    a.cache_max_bytes = opt.cache_max_bytes;
     if (int err = regcore_open(pd, &a, &core)) die("regcore_open " + std::to_string(err));
     uint32_t sq = 0;
     if (regcore_max_send_wr(core, opt.ulp_send_wr, opt.qp_ctxs, &sq)) die("regcore_max_send_wr");
@@ -113,6 +120,8 @@ struct Env {
 
   ~Env() {
     if (qp) regcore_qp_destroy(core, qp);
+    for (regcore_mr *mr : held)
+      if (int err = regcore_mr_put(core, mr)) std::fprintf(stderr, "put: %d %s\n", err, regcore_last_error());
     simverbs_peer_destroy(peer);
     if (int err = regcore_close(core)) std::fprintf(stderr, "regcore_close: %d %s\n", err, regcore_last_error());
     ibv_destroy_cq(scq);

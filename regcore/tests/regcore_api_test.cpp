@@ -1,5 +1,6 @@
 // regcore API tests on simverbs: sizing, rw and reg contexts, invalidation,
 // the cache, errors and budgets.
+#include <rdma/rdma_cma.h>
 #include <regcore/regcore.h>
 #include <simverbs/simverbs.h>
 
@@ -82,7 +83,7 @@ void post_recv(Env &e, void *buf, uint32_t len, uint64_t wr_id) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   CHECK_EQ(ibv_post_recv(e.qp, &wr, &bad), 0);
-  CHECK_EQ(regcore_mr_put(e.core, mr), 0);  // stays cached
+  e.held.push_back(mr);  // the lkey is valid while the registration is referenced
 }
 
 // A signaled SEND of `msg` (inline) to the peer.
@@ -585,58 +586,6 @@ TEST(partial_post_moves_the_qp_to_error) {
   CHECK_EQ(regcore_rw_ctx_destroy(ctx), 0);
 }
 
-TEST(cache_shares_and_invalidates) {
-  Options o;
-  Env e(SIMVERBS_PROFILE_MLX5, o);
-  std::vector<uint8_t> buf(3 * 4096);
-  regcore_mr *a = nullptr, *b = nullptr, *c = nullptr;
-  CHECK_EQ(regcore_mr_get(e.core, buf.data() + 10, 100, IBV_ACCESS_LOCAL_WRITE, &a), 0);
-  CHECK_EQ(regcore_mr_get(e.core, buf.data() + 20, 50, 0, &b), 0);
-  CHECK(a == b);  // covered, fewer rights asked
-  CHECK_EQ(regcore_mr_lkey(a), a->lkey);
-  CHECK_EQ(regcore_mr_get(e.core, buf.data() + 20, 50, IBV_ACCESS_REMOTE_WRITE, &c), 0);
-  CHECK(c != a);
-  CHECK(c->access & IBV_ACCESS_LOCAL_WRITE);  // added for REMOTE_WRITE
-  uint32_t old_lkey = a->lkey;
-  CHECK_EQ(regcore_mr_invalidate_range(e.core, buf.data(), buf.size()), 0);
-  CHECK_EQ(simverbs_key_query(e.pd, old_lkey, nullptr), 0);  // still referenced
-  CHECK_EQ(regcore_mr_put(e.core, a), 0);
-  CHECK_EQ(regcore_mr_put(e.core, b), 0);
-  CHECK_EQ(simverbs_key_query(e.pd, old_lkey, nullptr), -ENOKEY);  // last put deregistered
-  CHECK_EQ(regcore_mr_put(e.core, c), 0);
-  CHECK_EQ(regcore_mr_get(e.core, buf.data() + 10, 100, IBV_ACCESS_LOCAL_WRITE, &a), 0);
-  CHECK(a->lkey != old_lkey);
-  CHECK_EQ(regcore_mr_put(e.core, a), 0);
-  regcore_stats st;
-  regcore_get_stats(e.core, &st);
-  CHECK_EQ(st.cache_hits, 1u);
-}
-
-TEST(cache_budget_evicts_lru_then_refuses) {
-  ibv_context *ctx = testenv::open_device(SIMVERBS_PROFILE_MLX4);
-  ibv_pd *pd = ibv_alloc_pd(ctx);
-  regcore_attr at{};
-  at.max_ctxs = 1;
-  at.cache_max_entries = 2;
-  regcore *core;
-  CHECK_EQ(regcore_open(pd, &at, &core), 0);
-  std::vector<uint8_t> buf(4 * 4096);
-  regcore_mr *m[3];
-  for (int i = 0; i < 2; i++) CHECK_EQ(regcore_mr_get(core, buf.data() + i * 4096, 10, 0, &m[i]), 0);
-  CHECK_EQ(regcore_mr_get(core, buf.data() + 2 * 4096, 10, 0, &m[2]), -ENOSPC);
-  CHECK_EQ(regcore_mr_put(core, m[0]), 0);
-  CHECK_EQ(regcore_mr_get(core, buf.data() + 2 * 4096, 10, 0, &m[2]), 0);  // evicts m[0]
-  regcore_stats st;
-  regcore_get_stats(core, &st);
-  CHECK_EQ(st.cache_evictions, 1u);
-  CHECK_EQ(regcore_close(core), -EBUSY);
-  CHECK_EQ(regcore_mr_put(core, m[1]), 0);
-  CHECK_EQ(regcore_mr_put(core, m[2]), 0);
-  CHECK_EQ(regcore_close(core), 0);
-  ibv_dealloc_pd(pd);
-  ibv_close_device(ctx);
-}
-
 TEST(own_poll_loop_and_ulp_lkeys) {
   Env e(SIMVERBS_PROFILE_MTHCA);
   Scatter s(6, 64, 4096);  // 3 READs: two internal completions on a flush
@@ -673,6 +622,310 @@ TEST(own_poll_loop_and_ulp_lkeys) {
   CHECK_EQ(regcore_rw_ctx_destroy(ctx), 0);
   CHECK_EQ(regcore_mr_put(e.core, mr), 0);
   simverbs_fault_clear();
+}
+
+// -------------------------------------------------- keyed SGLs (one rkey)
+
+namespace {
+
+// Three pieces of `arena`, far enough apart that they never coalesce.
+std::vector<iovec> sgl_of(std::vector<uint8_t> &arena, size_t piece) {
+  std::vector<iovec> v;
+  for (size_t i = 0; i < 3; i++) v.push_back({arena.data() + 100 + i * 8192, piece});
+  return v;
+}
+
+// The key and address a reg context advertises; the peer uses them for
+// the whole SGL as one range.
+struct Advertised {
+  uint32_t rkey = 0;
+  uint64_t addr = 0;
+};
+
+Advertised post_key(Env &e, regcore_reg_ctx *ctx, uint64_t wr_id) {
+  Advertised a;
+  CHECK_EQ(regcore_reg_ctx_rkey(ctx, &a.rkey, &a.addr), 0);
+  ibv_sge sge;
+  ibv_send_wr send = make_send(&a, sizeof a, wr_id, &sge);
+  CHECK_EQ(regcore_reg_ctx_post(ctx, &send), 0);
+  ibv_wc wc;
+  CHECK(e.poll_one(e.scq, &wc));
+  CHECK_EQ(wc.wr_id, wr_id);
+  CHECK_EQ(wc.status, IBV_WC_SUCCESS);
+  Advertised got;
+  CHECK_EQ(simverbs_peer_recv(e.peer, &got, sizeof got, nullptr), 0);
+  CHECK_EQ(got.rkey, a.rkey);
+  return a;
+}
+
+// The peer answers (invalidating the key when the context allows it) and
+// the initiator releases; returns once the buffers are handed back.
+void answer_and_release(Env &e, regcore_reg_ctx *ctx, const Advertised &a) {
+  char resp[64];
+  post_recv(e, resp, sizeof resp, 900);
+  bool inv = regcore_reg_ctx_remote_inv_ok(ctx);
+  CHECK_EQ(simverbs_peer_send(e.peer, "ok", 3, inv ? a.rkey : 0), 0);
+  ibv_wc wc;
+  CHECK(e.poll_one(e.rcq, &wc));
+  uint32_t invalidated = (wc.wc_flags & IBV_WC_WITH_INV) ? wc.invalidated_rkey : 0;
+  CHECK_EQ(invalidated, inv ? a.rkey : 0u);
+  int released = 0;
+  int r = regcore_reg_ctx_release(ctx, invalidated, on_release, &released);
+  if (r == -EINPROGRESS) {
+    CHECK_EQ(regcore_poll_cq(e.core, e.scq, 1, &wc), 0);  // the LOCAL_INV is regcore's
+    CHECK_EQ(released, 1);
+  } else {
+    CHECK_EQ(r, 0);
+  }
+  uint8_t x = 0;
+  CHECK(simverbs_peer_rdma_write(e.peer, a.rkey, a.addr, &x, 1) != 0);  // the key is dead
+}
+
+}  // namespace
+
+// The peer writes the SGL as one range through one key, and reads it back.
+TEST(reg_sgl_has_one_key_on_every_profile) {
+  const regcore_reg_strategy expected[] = {REGCORE_REG_STAGED, REGCORE_REG_STAGED, REGCORE_REG_INDIRECT,
+                                           REGCORE_REG_STAGED};
+  for (simverbs_profile p : testenv::kAllProfiles) {
+    Env e(p);
+    std::vector<uint8_t> arena(32 * 1024, 0);
+    std::vector<iovec> v = sgl_of(arena, 1000);
+    regcore_reg_ctx *ctx = nullptr;
+    CHECK_EQ(regcore_reg_ctx_init_iov(&ctx, e.core, e.qp, v.data(), 3,
+                                      IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ), 0);
+    CHECK_EQ(regcore_reg_ctx_strategy(ctx), expected[p]);
+    std::printf("  %s: sgl -> %s remote_inv=%d\n", simverbs_profile_name(p),
+                regcore_reg_strategy_name(regcore_reg_ctx_strategy(ctx)), regcore_reg_ctx_remote_inv_ok(ctx));
+    Advertised a = post_key(e, ctx, 1);
+    std::vector<uint8_t> data(3000);
+    for (size_t i = 0; i < data.size(); i++) data[i] = static_cast<uint8_t>(i * 13 + 5);
+    CHECK_EQ(simverbs_peer_rdma_write(e.peer, a.rkey, a.addr, data.data(), data.size()), 0);
+    CHECK_EQ(simverbs_peer_rdma_write(e.peer, a.rkey, a.addr + 2999, data.data(), 2), -ERANGE);
+    std::vector<uint8_t> back(3000);
+    CHECK_EQ(simverbs_peer_rdma_read(e.peer, a.rkey, a.addr, back.data(), back.size()), 0);
+    CHECK(back == data);
+    answer_and_release(e, ctx, a);
+    for (size_t i = 0; i < 3; i++)  // scattered into the pieces by the time they are handed back
+      CHECK(std::memcmp(v[i].iov_base, data.data() + i * 1000, 1000) == 0);
+  }
+}
+
+// REMOTE_READ: the peer reads the pieces as one range (staged copies in at post).
+TEST(reg_sgl_remote_read_gathers_the_pieces) {
+  for (simverbs_profile p : testenv::kAllProfiles) {
+    Env e(p);
+    std::vector<uint8_t> arena(32 * 1024);
+    for (size_t i = 0; i < arena.size(); i++) arena[i] = static_cast<uint8_t>(i * 7 + 1);
+    std::vector<iovec> v = sgl_of(arena, 500);
+    regcore_reg_ctx *ctx = nullptr;
+    CHECK_EQ(regcore_reg_ctx_init_iov(&ctx, e.core, e.qp, v.data(), 3, IBV_ACCESS_REMOTE_READ), 0);
+    Advertised a = post_key(e, ctx, 2);
+    std::vector<uint8_t> got(1500);
+    CHECK_EQ(simverbs_peer_rdma_read(e.peer, a.rkey, a.addr, got.data(), got.size()), 0);
+    for (size_t i = 0; i < 3; i++) CHECK(std::memcmp(got.data() + i * 500, v[i].iov_base, 500) == 0);
+    uint8_t x = 0;
+    CHECK_EQ(simverbs_peer_rdma_write(e.peer, a.rkey, a.addr, &x, 1), -EACCES);
+    answer_and_release(e, ctx, a);
+  }
+}
+
+TEST(reg_sgl_contiguous_pieces_use_a_plain_key) {
+  Env e(SIMVERBS_PROFILE_MLX4);
+  std::vector<uint8_t> arena(8192);
+  iovec v[2] = {{arena.data(), 1000}, {arena.data() + 1000, 500}};
+  regcore_reg_ctx *ctx = nullptr;
+  CHECK_EQ(regcore_reg_ctx_init_iov(&ctx, e.core, e.qp, v, 2, IBV_ACCESS_REMOTE_WRITE), 0);
+  CHECK_EQ(regcore_reg_ctx_strategy(ctx), REGCORE_REG_MW);
+  Advertised a = post_key(e, ctx, 3);
+  CHECK_EQ(a.addr, reinterpret_cast<uintptr_t>(arena.data()));
+  answer_and_release(e, ctx, a);
+}
+
+TEST(reg_sgl_staging_is_bounded) {
+  Env e(SIMVERBS_PROFILE_MTHCA);
+  std::vector<uint8_t> arena(256 * 1024);
+  iovec v[2] = {{arena.data(), 40000}, {arena.data() + 100000, 40000}};  // 80000 > 64 KiB
+  regcore_reg_ctx *ctx = nullptr;
+  CHECK_EQ(regcore_reg_ctx_init_iov(&ctx, e.core, e.qp, v, 2, IBV_ACCESS_REMOTE_WRITE), -E2BIG);
+  regcore_stats st;
+  regcore_get_stats(e.core, &st);
+  CHECK_EQ(st.ctxs_in_use, 0u);
+}
+
+// ------------------------------------------------------ rdma_cm and adoption
+
+namespace {
+
+ibv_cq *make_cq(ibv_context *ctx, int n) { return ibv_create_cq(ctx, n, nullptr, nullptr, 0); }
+
+// An rw WRITE of a few bytes on qp, answered through scq.
+void write_once(regcore *core, ibv_qp *qp, ibv_cq *scq, simverbs_peer *peer) {
+  std::vector<uint8_t> remote(4096, 0), local(64, 0x5a);
+  uint32_t rkey = 0;
+  CHECK_EQ(simverbs_peer_expose(peer, remote.data(), remote.size(),
+                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &rkey), 0);
+  ibv_sge sge{reinterpret_cast<uintptr_t>(local.data()), 64, 0};
+  regcore_rw_ctx *ctx = nullptr;
+  CHECK_EQ(regcore_rw_ctx_init(&ctx, core, qp, &sge, 1, reinterpret_cast<uintptr_t>(remote.data()), rkey,
+                               REGCORE_DIR_WRITE), 1);
+  CHECK_EQ(regcore_rw_ctx_post(ctx, qp, 11, nullptr), 0);
+  ibv_wc wc;
+  int n = 0;
+  for (int i = 0; i < 1000 && n == 0; i++) n = regcore_poll_cq(core, scq, 1, &wc);
+  CHECK_EQ(n, 1);
+  CHECK_EQ(wc.status, IBV_WC_SUCCESS);
+  CHECK_EQ(regcore_rw_ctx_destroy(ctx), 0);
+  CHECK_EQ(remote[63], 0x5a);
+}
+
+}  // namespace
+
+TEST(rdma_cm_qp_is_created_for_the_core) {
+  simverbs_set_profile(SIMVERBS_PROFILE_MLX5);
+  rdma_event_channel *ch = rdma_create_event_channel();
+  rdma_cm_id *id = nullptr;
+  CHECK_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in sin{};
+  sin.sin_family = AF_INET;
+  CHECK_EQ(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr *>(&sin), 1000), 0);
+  ibv_pd *pd = ibv_alloc_pd(id->verbs);
+  regcore_attr at{};
+  at.max_ctxs = 8;
+  at.max_sge_per_ctx = 32;
+  regcore *core = nullptr;
+  CHECK_EQ(regcore_open(pd, &at, &core), 0);
+  ibv_qp_init_attr_ex attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = 4;
+  attr.cap.max_recv_wr = 4;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  attr.comp_mask = IBV_QP_INIT_ATTR_PD;
+  attr.pd = pd;
+  CHECK_EQ(regcore_qp_create_cm(core, id, &attr, 4), 0);  // librdmacm creates the CQs
+  CHECK(id->qp != nullptr);
+  regcore_policy pol;
+  regcore_policy_get(core, &pol);
+  CHECK_EQ(attr.cap.max_send_wr, 4 + 4 * 2u);  // without UMRs: window bind + LOCAL_INV per context
+  simverbs_peer *peer = simverbs_peer_create(id->verbs);
+  CHECK_EQ(simverbs_peer_connect(peer, id->qp), 0);
+  write_once(core, id->qp, id->send_cq, peer);
+  // Not an mlx5dv QP: SGLs beyond one WR use more WRs instead of a UMR.
+  std::vector<uint8_t> big(20 * 512);
+  std::vector<ibv_sge> sge;
+  for (int i = 0; i < 20; i++) sge.push_back({reinterpret_cast<uintptr_t>(big.data()) + i * 512, 256, 0});
+  regcore_rw_ctx *ctx = nullptr;
+  CHECK_EQ(regcore_rw_ctx_init(&ctx, core, id->qp, sge.data(), 20, 0, 1, REGCORE_DIR_WRITE), 2);
+  CHECK_EQ(regcore_rw_ctx_strategy(ctx), REGCORE_RW_MULTI_WR);
+  CHECK_EQ(regcore_rw_ctx_destroy(ctx), 0);
+  CHECK_EQ(regcore_qp_destroy(core, id->qp), 0);  // released, not destroyed
+  CHECK(id->qp != nullptr);
+  rdma_destroy_qp(id);
+  simverbs_peer_destroy(peer);
+  CHECK_EQ(regcore_close(core), 0);
+  ibv_dealloc_pd(pd);
+  CHECK_EQ(rdma_destroy_id(id), 0);
+  rdma_destroy_event_channel(ch);
+}
+
+TEST(adopted_qp_is_checked) {
+  ibv_context *ctx = testenv::open_device(SIMVERBS_PROFILE_MLX4);
+  ibv_pd *pd = ibv_alloc_pd(ctx);
+  regcore_attr at{};
+  at.max_ctxs = 8;
+  regcore *core = nullptr;
+  CHECK_EQ(regcore_open(pd, &at, &core), 0);
+  ibv_cq *cq = make_cq(ctx, 256);
+  ibv_qp_init_attr a{};
+  a.send_cq = a.recv_cq = cq;
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = 4;
+  a.cap.max_recv_wr = 4;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  ibv_qp *small = ibv_create_qp(pd, &a);  // sized by hand: no room for regcore
+  CHECK_EQ(regcore_qp_adopt(core, small, 4), -ENOSPC);
+  CHECK(std::string(regcore_last_error()).find("regcore_qp_init_attr") != std::string::npos);
+  CHECK_EQ(regcore_qp_init_attr(core, pd, &a, 4), 0);
+  ibv_qp *qp = ibv_create_qp(pd, &a);
+  CHECK_EQ(regcore_qp_adopt(core, qp, 4), 0);
+  CHECK_EQ(regcore_qp_adopt(core, qp, 4), -EEXIST);
+  simverbs_peer *peer = simverbs_peer_create(ctx);
+  CHECK_EQ(simverbs_peer_connect(peer, qp), 0);
+  write_once(core, qp, cq, peer);
+  ibv_qp_init_attr sig = a;
+  sig.sq_sig_all = 1;
+  ibv_qp *all_signaled = ibv_create_qp(pd, &sig);
+  CHECK_EQ(regcore_qp_adopt(core, all_signaled, 1), -EINVAL);
+  CHECK_EQ(regcore_qp_destroy(core, qp), 0);
+  CHECK_EQ(ibv_destroy_qp(qp), 0);  // still the owner's
+  ibv_destroy_qp(small);
+  ibv_destroy_qp(all_signaled);
+  simverbs_peer_destroy(peer);
+  ibv_destroy_cq(cq);
+  CHECK_EQ(regcore_close(core), 0);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+}
+
+// Two devices and three PDs behind one core: one budget, one cache, each
+// QP with its device's policy, registrations per PD.
+TEST(several_pds_and_devices_share_one_core) {
+  CHECK_EQ(simverbs_set_profile_by_name("all"), 0);
+  int n = 0;
+  ibv_device **list = ibv_get_device_list(&n);
+  CHECK_EQ(n, 4);
+  ibv_context *mlx5 = ibv_open_device(list[SIMVERBS_PROFILE_MLX5]);
+  ibv_context *mlx4 = ibv_open_device(list[SIMVERBS_PROFILE_MLX4]);
+  ibv_free_device_list(list);
+  ibv_pd *pds[3] = {ibv_alloc_pd(mlx5), ibv_alloc_pd(mlx5), ibv_alloc_pd(mlx4)};
+  regcore_attr at{};
+  at.max_ctxs = 12;
+  regcore *core = nullptr;
+  CHECK_EQ(regcore_open(pds[0], &at, &core), 0);
+  CHECK_EQ(regcore_add_pd(core, pds[1]), 0);
+  CHECK_EQ(regcore_add_pd(core, pds[2]), 0);
+  CHECK_EQ(regcore_add_pd(core, pds[2]), -EEXIST);
+  regcore_policy p4;
+  CHECK_EQ(regcore_policy_get_pd(core, pds[2], &p4), 0);
+  CHECK(std::string(p4.device_class) == "mlx4");
+  std::vector<uint8_t> buf(8192, 0x11);
+  regcore_mr *mr[3];
+  for (int i = 0; i < 3; i++) {
+    CHECK_EQ(regcore_mr_get_pd(core, pds[i], buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE, &mr[i]), 0);
+    CHECK_EQ(simverbs_key_query(pds[i], mr[i]->lkey, nullptr), 0);
+  }
+  CHECK(mr[0] != mr[1] && mr[1] != mr[2]);  // one registration per PD
+  CHECK_EQ(simverbs_key_query(pds[0], mr[2]->lkey, nullptr), -ENOKEY);
+  for (regcore_mr *m : mr) CHECK_EQ(regcore_mr_put(core, m), 0);
+  for (int i = 0; i < 3; i++) {
+    ibv_context *ctx = pds[i]->context;
+    ibv_cq *cq = make_cq(ctx, 256);
+    ibv_qp_init_attr_ex a{};
+    a.send_cq = a.recv_cq = cq;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = 2;
+    a.cap.max_recv_wr = 2;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    a.comp_mask = IBV_QP_INIT_ATTR_PD;
+    a.pd = pds[i];
+    ibv_qp *qp = nullptr;
+    CHECK_EQ(regcore_qp_create_ex(core, &a, 4, &qp), 0);
+    simverbs_peer *peer = simverbs_peer_create(ctx);
+    CHECK_EQ(simverbs_peer_connect(peer, qp), 0);
+    write_once(core, qp, cq, peer);
+    CHECK_EQ(regcore_qp_destroy(core, qp), 0);
+    simverbs_peer_destroy(peer);
+    ibv_destroy_cq(cq);
+  }
+  ibv_pd *stranger = ibv_alloc_pd(mlx4);
+  regcore_mr *m = nullptr;
+  CHECK_EQ(regcore_mr_get_pd(core, stranger, buf.data(), 64, 0, &m), -EINVAL);
+  CHECK_EQ(regcore_close(core), 0);
+  for (ibv_pd *pd : pds) ibv_dealloc_pd(pd);
+  ibv_dealloc_pd(stranger);
+  ibv_close_device(mlx5);
+  ibv_close_device(mlx4);
+  simverbs_set_profile(SIMVERBS_PROFILE_MLX5);
 }
 
 TEST(policy_text_lists_every_class) {

@@ -150,6 +150,7 @@ class Stress {
   uint32_t max_send_wr_ = 0;
   std::vector<uint8_t> local_;
   std::vector<uint8_t> recv_bufs_;
+  regcore_mr *recv_mr_ = nullptr;
   std::vector<uint32_t> free_slots_;
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;
   std::vector<uint64_t> just_released_;
@@ -191,18 +192,19 @@ void Stress::violation(Inv inv, const std::string &what) {
 }
 
 void Stress::post_recvs() {
-  regcore_mr *mr = nullptr;
-  if (regcore_mr_get(env_->core, recv_bufs_.data(), recv_bufs_.size(), IBV_ACCESS_LOCAL_WRITE, &mr))
-    testenv::die("recv buffers");
+  if (!recv_mr_) {
+    if (regcore_mr_get(env_->core, recv_bufs_.data(), recv_bufs_.size(), IBV_ACCESS_LOCAL_WRITE, &recv_mr_))
+      testenv::die("recv buffers");
+    env_->held.push_back(recv_mr_);  // its lkey is used while the receives are posted
+  }
   for (uint32_t i = 0; i < kRecvSlots; i++) {
-    ibv_sge sge{reinterpret_cast<uintptr_t>(recv_bufs_.data()) + i * 64, 64, mr->lkey};
+    ibv_sge sge{reinterpret_cast<uintptr_t>(recv_bufs_.data()) + i * 64, 64, recv_mr_->lkey};
     ibv_recv_wr wr{}, *bad;
     wr.wr_id = kRecvTag | i;
     wr.sg_list = &sge;
     wr.num_sge = 1;
     if (ibv_post_recv(env_->qp, &wr, &bad)) testenv::die("post_recv");
   }
-  regcore_mr_put(env_->core, mr);  // cached: the lkey stays valid
 }
 
 // A random SGE list inside the slot: 1..max_runs pieces, sometimes adjacent (so
@@ -484,15 +486,12 @@ void Stress::on_recv_wc(const ibv_wc &wc) {
     violation(Inv::kOther, "response for unknown op");
   }
   // Repost the receive.
-  regcore_mr *mr = nullptr;
-  regcore_mr_get(env_->core, recv_bufs_.data(), recv_bufs_.size(), IBV_ACCESS_LOCAL_WRITE, &mr);
-  ibv_sge sge{reinterpret_cast<uintptr_t>(recv_bufs_.data()) + slot * 64, 64, mr->lkey};
+  ibv_sge sge{reinterpret_cast<uintptr_t>(recv_bufs_.data()) + slot * 64, 64, recv_mr_->lkey};
   ibv_recv_wr rwr{}, *bad;
   rwr.wr_id = wc.wr_id;
   rwr.sg_list = &sge;
   rwr.num_sge = 1;
   ibv_post_recv(env_->qp, &rwr, &bad);
-  regcore_mr_put(env_->core, mr);
 }
 
 void Stress::poll() {

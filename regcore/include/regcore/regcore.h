@@ -11,7 +11,14 @@
  *    count) on success and a negative errno value on failure, e.g. -EAGAIN.
  *    regcore_last_error() returns a message for the last failure of the
  *    calling thread.
- *  - A struct regcore is not thread-safe: use one per thread or serialize.
+ *  - A struct regcore is shared by threads: every call may run
+ *    concurrently, except on the same context, and a QP may not be
+ *    destroyed while another thread uses it. Calls on one QP serialize on
+ *    that QP's lock; different QPs run in parallel.
+ *  - Cached registrations never outlive the memory they cover: memory
+ *    events (munmap, mremap, madvise, brk) are monitored with userfaultfd;
+ *    memory that is not monitored is not cached: each regcore_mr_get
+ *    registers it and the last regcore_mr_put deregisters it.
  *  - The ULP must pass every completion of a QP created by regcore through
  *    regcore_poll_cq() or regcore_process_wc(): regcore consumes its own
  *    internal completions there and restores the ULP's wr_id on the one
@@ -22,6 +29,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 #include <infiniband/verbs.h>
 
 #ifdef __cplusplus
@@ -29,11 +37,12 @@ extern "C" {
 #endif
 
 #define REGCORE_VERSION_MAJOR 0
-#define REGCORE_VERSION_MINOR 1
+#define REGCORE_VERSION_MINOR 2
 
 struct regcore;
 struct regcore_rw_ctx;
 struct regcore_reg_ctx;
+struct rdma_cm_id;
 
 /* ------------------------------------------------------------------ */
 /* Core instance and declared budgets                                  */
@@ -45,6 +54,13 @@ enum regcore_flags {
 	REGCORE_F_FORCE_MR = 1 << 0,
 	/* Never use memory windows for reg contexts; use per-context MRs. */
 	REGCORE_F_NO_MW = 1 << 1,
+	/* Do not monitor memory events (also: REGCORE_MONITOR=off in the
+	 * environment). The cache then caches nothing: every regcore_mr_get
+	 * registers, the last regcore_mr_put deregisters. */
+	REGCORE_F_NO_MONITOR = 1 << 2,
+	/* Do not MADV_DONTFORK cached ranges when ibv_is_fork_initialized()
+	 * reports IBV_FORK_DISABLED. */
+	REGCORE_F_NO_FORK_PROTECT = 1 << 3,
 };
 
 /* Per-consumer resource budget. Budgets are declared, never guessed:
@@ -72,6 +88,19 @@ int regcore_open(struct ibv_pd *pd, const struct regcore_attr *attr,
 		 struct regcore **out);
 /* -EBUSY while contexts, regcore QPs or ULP cache references are alive. */
 int regcore_close(struct regcore *core);
+
+/* Puts another protection domain (of the same or another device) behind
+ * the core: its QPs share the core's budgets and registration cache.
+ * -EEXIST if already added, -ENOSPC beyond 16 domains. */
+int regcore_add_pd(struct regcore *core, struct ibv_pd *pd);
+
+enum regcore_monitor {
+	REGCORE_MONITOR_NONE = 0,	 /* unreferenced registrations dropped */
+	REGCORE_MONITOR_USERFAULTFD = 1, /* memory events via userfaultfd */
+};
+/* How the cache learns that memory went away; *why (may be NULL) explains
+ * REGCORE_MONITOR_NONE (disabled, kernel refused, forked child). */
+int regcore_monitor_state(const struct regcore *core, const char **why);
 
 /* Message for the last failure on this thread ("" if none). */
 const char *regcore_last_error(void);
@@ -121,8 +150,11 @@ enum regcore_rw_strategy {
 };
 
 enum regcore_reg_strategy {
-	REGCORE_REG_MW = 1, /* type-2 memory window bound by a WR */
-	REGCORE_REG_MR = 2, /* per-context MR, deregistered on release */
+	REGCORE_REG_MW = 1,	  /* type-2 memory window bound by a WR */
+	REGCORE_REG_MR = 2,	  /* per-context MR, deregistered on release */
+	REGCORE_REG_INDIRECT = 3, /* mlx5dv indirect mkey over an SGL (UMR) */
+	REGCORE_REG_STAGED = 4,	  /* SGL staged through a bounce buffer keyed
+				     by a window or a per-context MR */
 };
 
 /* The row of the decision table that matched this device, with the
@@ -144,6 +176,9 @@ struct regcore_policy {
 };
 
 int regcore_policy_get(const struct regcore *core, struct regcore_policy *out);
+/* The policy of another domain of the core (regcore_add_pd). */
+int regcore_policy_get_pd(const struct regcore *core, struct ibv_pd *pd,
+			  struct regcore_policy *out);
 
 /* Strategy the table picks for an I/O of `runs` SGEs (after coalescing) and
  * `bytes` bytes. Pure function of the policy; regcore_rw_ctx_init uses it. */
@@ -190,8 +225,28 @@ int regcore_qp_create_ex(struct regcore *core,
 			 struct ibv_qp_init_attr_ex *attr,
 			 uint32_t max_rdma_ctxs, struct ibv_qp **out);
 /* -EBUSY while a posted rw context of this QP has not completed. Reg
- * contexts still holding a key are invalidated synchronously. */
+ * contexts still holding a key are invalidated synchronously. Adopted QPs
+ * are released, not destroyed (their owner destroys them afterwards). */
 int regcore_qp_destroy(struct regcore *core, struct ibv_qp *qp);
+
+/* QPs created elsewhere (rdma_create_qp, a provider's own call):
+ * regcore_qp_init_attr grows attr->cap for max_rdma_ctxs contexts on pd (one
+ * of the core's, NULL: the first) like regcore_qp_create does, with the same
+ * refusals; create the QP with it, then adopt it. Adoption checks the QP
+ * (RC, sq_sig_all off, one of the core's PDs, send queue and send CQ deep
+ * enough); such QPs cannot post mlx5 UMRs, so their I/Os use the device's
+ * strategies without indirect mkeys. */
+int regcore_qp_init_attr(const struct regcore *core, struct ibv_pd *pd,
+			 struct ibv_qp_init_attr *attr, uint32_t max_rdma_ctxs);
+int regcore_qp_adopt(struct regcore *core, struct ibv_qp *qp,
+		     uint32_t max_rdma_ctxs);
+/* rdma_cm: sizes attr, calls rdma_create_qp_ex(id, attr) and adopts
+ * id->qp. The PD is attr->pd (IBV_QP_INIT_ATTR_PD), else id->pd, and must
+ * be one of the core's. Release with regcore_qp_destroy, then
+ * rdma_destroy_qp. -EOPNOTSUPP when regcore was built without librdmacm. */
+int regcore_qp_create_cm(struct regcore *core, struct rdma_cm_id *id,
+			 struct ibv_qp_init_attr_ex *attr,
+			 uint32_t max_rdma_ctxs);
 
 /* ------------------------------------------------------------------ */
 /* Completions                                                          */
@@ -256,6 +311,19 @@ int regcore_reg_ctx_init(struct regcore_reg_ctx **ctx, struct regcore *core,
 			 struct ibv_qp *qp, void *addr, size_t length,
 			 unsigned remote_access);
 
+/* One key for a scatter/gather list, as NVMe-oF or iSER initiators
+ * advertise in a keyed SGL: the peer addresses the elements as one
+ * contiguous range. mlx5: an indirect mkey with remote access (zero based:
+ * remote address 0). Elsewhere, a list that is contiguous once coalesced
+ * gets a window or MR like regcore_reg_ctx_init; others are staged through
+ * a bounce buffer of up to stage_bytes (default 64 KiB) keyed by a window
+ * or a per-context MR: REMOTE_READ data is copied in at post, REMOTE_WRITE
+ * data copied out before release hands the buffers back. -E2BIG beyond
+ * max_sge_per_ctx elements or the bounce buffer. */
+int regcore_reg_ctx_init_iov(struct regcore_reg_ctx **ctx, struct regcore *core,
+			     struct ibv_qp *qp, const struct iovec *iov,
+			     unsigned iovcnt, unsigned remote_access);
+
 /* The key and address to advertise to the peer. */
 int regcore_reg_ctx_rkey(const struct regcore_reg_ctx *ctx, uint32_t *rkey,
 			 uint64_t *remote_addr);
@@ -279,7 +347,8 @@ int regcore_reg_ctx_release(struct regcore_reg_ctx *ctx,
 			    void *arg);
 
 enum regcore_reg_strategy regcore_reg_ctx_strategy(const struct regcore_reg_ctx *ctx);
-/* 1 if the peer may end the access with SEND_WITH_INV (window keys). */
+/* 1 if the peer may end the access with SEND_WITH_INV (windows, also over
+ * a bounce buffer, and mlx5 indirect mkeys; not private MRs). */
 int regcore_reg_ctx_remote_inv_ok(const struct regcore_reg_ctx *ctx);
 
 /* ------------------------------------------------------------------ */
@@ -305,9 +374,14 @@ struct regcore_mr {
  * `regcore_mr_get(core, a, l, f, &mr);` with the caller's checks unchanged. */
 int regcore_mr_get(struct regcore *core, void *addr, size_t length,
 		   unsigned access, struct regcore_mr **mr);
+/* The same on another domain of the core. */
+int regcore_mr_get_pd(struct regcore *core, struct ibv_pd *pd, void *addr,
+		      size_t length, unsigned access, struct regcore_mr **mr);
 int regcore_mr_put(struct regcore *core, struct regcore_mr *mr);
-/* Drops every cached registration overlapping the range (e.g. before
- * munmap/free). Referenced entries are deregistered on their last put. */
+/* Drops every cached registration overlapping the range, so that later
+ * gets register anew. The monitor does this by itself on munmap, mremap,
+ * madvise(DONTNEED/FREE/REMOVE) and brk; memory it cannot watch is never
+ * cached. Referenced entries are deregistered on their last put. */
 int regcore_mr_invalidate_range(struct regcore *core, void *addr,
 				size_t length);
 uint32_t regcore_mr_lkey(const struct regcore_mr *mr);
@@ -319,7 +393,7 @@ uint32_t regcore_mr_rkey(const struct regcore_mr *mr);
 
 struct regcore_stats {
 	uint64_t rw_ctxs[6];		/* contexts initialized, by strategy */
-	uint64_t reg_ctxs[3];		/* by reg strategy */
+	uint64_t reg_ctxs[5];		/* by reg strategy */
 	uint64_t internal_wcs;		/* completions regcore consumed */
 	uint64_t ulp_wcs;		/* completions handed to the ULP */
 	uint64_t remote_inv_matched;
@@ -329,6 +403,9 @@ struct regcore_stats {
 	uint64_t partial_posts;		/* chains the provider half accepted */
 	uint64_t eagain;		/* budget/queue-room refusals */
 	uint64_t cache_hits, cache_misses, cache_evictions;
+	uint64_t cache_monitor_invalidations; /* entries dropped by memory events */
+	uint64_t cache_unmonitored;	/* registrations not cached: no monitor, or
+					   memory it cannot watch (file mappings) */
 	uint32_t ctxs_in_use;
 	uint32_t mrs_in_use;
 };

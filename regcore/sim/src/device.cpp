@@ -1,11 +1,16 @@
 // simverbs: device list, contexts, and the resource verbs (PD, MR, MW,
 // mkey, CQ, QP). Execution of work requests lives in engine.cpp.
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <endian.h>
 #include <new>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <rdma/rdma_cma.h>
 
 #include "sim_internal.hpp"
 
@@ -424,8 +429,6 @@ int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __b
   return 0;
 }
 
-int ibv_fork_init(void) { return 0; }
-
 const char *ibv_wc_status_str(enum ibv_wc_status status) {
   static const char *const names[] = {
       "success", "local length error", "local QP operation error",
@@ -507,6 +510,22 @@ constexpr unsigned kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRI
                                   IBV_ACCESS_MW_BIND | IBV_ACCESS_ZERO_BASED |
                                   IBV_ACCESS_ON_DEMAND | IBV_ACCESS_HUGETLB;
 
+// Like the kernel's pinning: every page must be mapped.
+bool range_mapped(const void *addr, size_t length) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  uintptr_t end = reinterpret_cast<uintptr_t>(addr) + length;
+  unsigned char vec[4096];
+  while (a < end) {
+    size_t n = std::min<size_t>((end - a + page - 1) / page, sizeof vec);
+    if (mincore(reinterpret_cast<void *>(a), n * page, vec) != 0) return false;
+    a += n * page;
+  }
+  return true;
+}
+
+uint64_t pages_of(size_t length) { return (length + 4095) / 4096; }
+
 ibv_mr *reg_mr(ibv_pd *ibv, void *addr, size_t length, uint64_t iova, unsigned access) {
   SimPd *pd = pd_of(ibv);
   access &= ~static_cast<unsigned>(IBV_ACCESS_OPTIONAL_RANGE);  // hints only
@@ -525,6 +544,14 @@ ibv_mr *reg_mr(ibv_pd *ibv, void *addr, size_t length, uint64_t iova, unsigned a
     set_errno_null(EOPNOTSUPP);  // only VA-based regions are simulated
     return nullptr;
   }
+  Sim &s = sim();
+  spend_ns(s.reg_ns + s.reg_ns_per_page * pages_of(length));
+  if (length && !range_mapped(addr, length)) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    set_error_locked("ibv_reg_mr: range not mapped");
+    set_errno_null(EFAULT);
+    return nullptr;
+  }
   auto *mr = new (std::nothrow) SimMr();
   if (!mr) {
     set_errno_null(ENOMEM);
@@ -533,9 +560,9 @@ ibv_mr *reg_mr(ibv_pd *ibv, void *addr, size_t length, uint64_t iova, unsigned a
   mr->box.self = mr;
   mr->pd = pd;
   mr->access = access;
-  std::lock_guard<std::mutex> lock(sim().mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   mr->index = key_alloc_locked(KeyKind::kMr, mr);
-  uint32_t key = key_make(mr->index, sim().keys[mr->index].tag);
+  uint32_t key = key_make(mr->index, s.keys[mr->index].tag);
   ibv_mr &m = mr->box.ibv;
   m.context = ibv->context;
   m.pd = ibv;
@@ -544,6 +571,8 @@ ibv_mr *reg_mr(ibv_pd *ibv, void *addr, size_t length, uint64_t iova, unsigned a
   m.handle = mr->index;
   m.lkey = key;
   m.rkey = key;
+  pin_add_locked(mr);
+  s.stats.registrations++;
   return &m;
 }
 
@@ -567,12 +596,16 @@ struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, ui
 int ibv_dereg_mr(struct ibv_mr *ibv) {
   SimMr *mr = mr_of(ibv);
   if (!mr) return EINVAL;
-  std::lock_guard<std::mutex> lock(sim().mu);
+  Sim &s = sim();
+  spend_ns(s.dereg_ns + s.dereg_ns_per_page * pages_of(ibv->length));
+  std::lock_guard<std::mutex> lock(s.mu);
   if (mr->bound_mws > 0) {
     set_error_locked("ibv_dereg_mr: memory windows are still bound to the MR");
     return EBUSY;
   }
   key_free_locked(mr->index);
+  pin_remove_locked(mr);
+  s.stats.deregistrations++;
   delete mr;
   return 0;
 }
@@ -941,6 +974,126 @@ int ibv_destroy_qp(struct ibv_qp *ibv) {
   pthread_mutex_destroy(&ibv->mutex);
   pthread_cond_destroy(&ibv->cond);
   delete qp;
+  return 0;
+}
+
+// ======================= librdmacm subset =================================
+
+namespace {
+
+struct SimCmId {
+  rdma_cm_id id{};
+  bool own_context = false;
+  bool own_send_cq = false, own_recv_cq = false;
+};
+
+SimCmId *cm_of(rdma_cm_id *id) { return reinterpret_cast<SimCmId *>(id); }
+
+int cm_fail(int err) {
+  errno = err;
+  return -1;
+}
+
+// Binding picks the device: the id gets its own context on it.
+int cm_bind(rdma_cm_id *id) {
+  if (!id) return cm_fail(EINVAL);
+  if (id->verbs) return 0;
+  int n = 0;
+  ibv_device **list = ibv_get_device_list(&n);
+  if (!list || n < 1) return cm_fail(ENODEV);
+  id->verbs = ibv_open_device(list[0]);
+  ibv_free_device_list(list);
+  if (!id->verbs) return cm_fail(ENODEV);
+  id->port_num = 1;
+  cm_of(id)->own_context = true;
+  return 0;
+}
+
+}  // namespace
+
+struct rdma_event_channel *rdma_create_event_channel(void) {
+  auto *ch = new (std::nothrow) rdma_event_channel();
+  if (ch) ch->fd = -1;  // no events: connections are made by simverbs_peer_connect
+  return ch;
+}
+
+void rdma_destroy_event_channel(struct rdma_event_channel *channel) { delete channel; }
+
+int rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **out, void *context,
+                   enum rdma_port_space ps) {
+  if (!out) return cm_fail(EINVAL);
+  auto *c = new (std::nothrow) SimCmId();
+  if (!c) return cm_fail(ENOMEM);
+  c->id.channel = channel;
+  c->id.context = context;
+  c->id.ps = ps;
+  c->id.qp_type = IBV_QPT_RC;
+  *out = &c->id;
+  return 0;
+}
+
+int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *) { return cm_bind(id); }
+
+int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *, struct sockaddr *, int) {
+  return cm_bind(id);
+}
+
+int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *attr) {
+  if (!id || !attr || !id->verbs || id->qp) return cm_fail(EINVAL);
+  ibv_qp_init_attr_ex a = *attr;
+  if (!(a.comp_mask & IBV_QP_INIT_ATTR_PD) || !a.pd) {
+    if (!id->pd) return cm_fail(EINVAL);
+    a.comp_mask |= IBV_QP_INIT_ATTR_PD;
+    a.pd = id->pd;
+  }
+  if (a.pd->context != id->verbs) return cm_fail(EINVAL);
+  bool own_send = !a.send_cq, own_recv = !a.recv_cq;
+  auto make_cq = [&](uint32_t n) { return ibv_create_cq(id->verbs, static_cast<int>(std::max(n, 1u)), nullptr, nullptr, 0); };
+  if (own_send) a.send_cq = make_cq(a.cap.max_send_wr);
+  if (own_recv) a.recv_cq = make_cq(a.cap.max_recv_wr);
+  ibv_qp *qp = a.send_cq && a.recv_cq ? ibv_create_qp_ex(id->verbs, &a) : nullptr;
+  if (!qp) {
+    int err = errno ? errno : ENOMEM;
+    if (own_send && a.send_cq) ibv_destroy_cq(a.send_cq);
+    if (own_recv && a.recv_cq) ibv_destroy_cq(a.recv_cq);
+    return cm_fail(err);
+  }
+  id->qp = qp;
+  id->pd = a.pd;
+  id->send_cq = a.send_cq;
+  id->recv_cq = a.recv_cq;
+  cm_of(id)->own_send_cq = own_send;
+  cm_of(id)->own_recv_cq = own_recv;
+  attr->cap = a.cap;
+  return 0;
+}
+
+int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *init) {
+  if (!init) return cm_fail(EINVAL);
+  ibv_qp_init_attr_ex ex{};
+  memcpy(&ex, init, sizeof *init);
+  ex.comp_mask = pd ? IBV_QP_INIT_ATTR_PD : 0;
+  ex.pd = pd;
+  int ret = rdma_create_qp_ex(id, &ex);
+  if (ret == 0) init->cap = ex.cap;
+  return ret;
+}
+
+void rdma_destroy_qp(struct rdma_cm_id *id) {
+  if (!id || !id->qp) return;
+  ibv_destroy_qp(id->qp);
+  id->qp = nullptr;
+  if (cm_of(id)->own_send_cq) ibv_destroy_cq(id->send_cq);
+  if (cm_of(id)->own_recv_cq) ibv_destroy_cq(id->recv_cq);
+  cm_of(id)->own_send_cq = cm_of(id)->own_recv_cq = false;
+  id->send_cq = id->recv_cq = nullptr;
+}
+
+int rdma_destroy_id(struct rdma_cm_id *id) {
+  if (!id) return cm_fail(EINVAL);
+  if (id->qp) return cm_fail(EBUSY);
+  if (cm_of(id)->own_context && ibv_close_device(id->verbs)) return cm_fail(EBUSY);
+  delete cm_of(id);
   return 0;
 }
 

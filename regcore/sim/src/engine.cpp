@@ -42,7 +42,7 @@ AccessErr resolve_mr(SimMr *mr, SimPd *pd, uint64_t addr, uint64_t len, unsigned
   uint64_t start = reinterpret_cast<uintptr_t>(mr->box.ibv.addr);
   if (addr < start || len > mr->box.ibv.length || addr - start > mr->box.ibv.length - len)
     return AccessErr::kBounds;
-  out.push_back({reinterpret_cast<uint8_t *>(static_cast<uintptr_t>(addr)), len});
+  pin_spans_locked(mr, addr, len, out);
   return AccessErr::kOk;
 }
 
@@ -55,7 +55,7 @@ AccessErr resolve_mw(SimMw *mw, SimPd *pd, uint64_t addr, uint64_t len, unsigned
   if (!rights_ok(mw->access, need, true)) return AccessErr::kRights;
   if (addr < mw->addr || len > mw->length || addr - mw->addr > mw->length - len)
     return AccessErr::kBounds;
-  out.push_back({reinterpret_cast<uint8_t *>(static_cast<uintptr_t>(addr)), len});
+  pin_spans_locked(mw->mr, addr, len, out);
   return AccessErr::kOk;
 }
 

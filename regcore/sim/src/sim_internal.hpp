@@ -6,8 +6,10 @@
 #include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -66,6 +68,12 @@ struct SimMr {
   unsigned access = 0;
   uint32_t index = 0;
   int bound_mws = 0;
+  // Pinning (pin.cpp): pages the process unmapped or dropped while the MR
+  // held them, by page address, with the content they had then. The device
+  // keeps using these; the process never sees them again. Guarded by
+  // Sim::pin_mu; `detached_any` lets accesses skip the lock when empty.
+  std::map<uint64_t, std::vector<uint8_t>> detached;
+  std::atomic<bool> detached_any{false};
 };
 
 struct SimMw {
@@ -264,6 +272,14 @@ struct Sim {
   bool flush_unsignaled = true;
   simverbs_stats stats{};
   std::string last_error;
+  // Registration cost model, applied outside `mu`.
+  std::atomic<uint32_t> reg_ns{0}, reg_ns_per_page{0}, dereg_ns{0}, dereg_ns_per_page{0};
+  enum ibv_fork_status fork_status = IBV_FORK_UNNEEDED;
+  // Live MRs of every PD by start address, for the pinning model; lock
+  // order: mu before pin_mu.
+  std::mutex pin_mu;
+  std::multimap<uint64_t, SimMr *> pinned;
+  uint64_t max_pinned_len = 0;
 };
 
 Sim &sim();
@@ -296,6 +312,15 @@ struct Span {
   uint8_t *ptr;
   uint64_t len;
 };
+// Pinning (pin.cpp). pin_add/pin_remove run with `mu` held.
+void pin_add_locked(SimMr *mr);
+void pin_remove_locked(SimMr *mr);
+// Appends the device's view of [addr, addr+len) of mr: the live memory, or
+// the content of detached pages. Runs with `mu` held.
+void pin_spans_locked(SimMr *mr, uint64_t addr, uint64_t len, std::vector<Span> &out);
+// Busy-waits `ns` nanoseconds: the modelled cost of a registration.
+void spend_ns(uint64_t ns);
+
 AccessErr resolve_locked(SimPd *pd, uint32_t key, uint64_t addr, uint64_t len, unsigned need,
                          bool remote, SimQp *via_qp, std::vector<Span> &out);
 bool invalidate_key_locked(SimPd *pd, uint32_t key, bool remote, SimQp *via_qp);

@@ -16,6 +16,12 @@
  *    simverbs_set_flush_unsignaled(0)).
  *  - Keys are (index << 8 | tag). Remote access checks the key, the rights,
  *    the bounds, the PD and, for type-2 windows, the QP it was bound on.
+ *  - An MR pins its pages: when the process unmaps or drops them (munmap,
+ *    mremap, madvise(MADV_DONTNEED/REMOVE), mmap(MAP_FIXED) over them), the
+ *    device keeps the content they had then and keeps using it, as hardware
+ *    keeps DMAing to the pinned pages. ibv_reg_mr over unmapped memory
+ *    fails with EFAULT.
+ *  - Registration costs what simverbs_set_reg_cost() says (default: free).
  */
 #ifndef SIMVERBS_SIMVERBS_H
 #define SIMVERBS_SIMVERBS_H
@@ -89,11 +95,35 @@ struct simverbs_stats {
 	uint64_t local_errors;	     /* local protection/length/bind errors */
 	uint64_t remote_access_errors; /* rejected remote accesses */
 	uint64_t max_sq_depth_seen;
+	uint64_t registrations;	     /* ibv_reg_mr* that succeeded */
+	uint64_t deregistrations;
+	uint64_t detached_pages;     /* pinned pages the process let go of */
+	uint64_t stale_accesses;     /* device accesses served from them */
 };
 void simverbs_get_stats(struct simverbs_stats *out);
 void simverbs_reset_stats(void);
 /* Description of the most recent error the device detected. */
 const char *simverbs_last_error(void);
+
+/* ---- registration cost and fork ---- */
+
+/* Modelled CPU cost of registration, spent (busy-waiting, outside the
+ * device's lock) in ibv_reg_mr* and ibv_dereg_mr: per call plus per 4 KiB
+ * page. Real registration enters the kernel, pins every page and writes the
+ * device's translation tables; simverbs does none of that. NULL or zeros:
+ * free (the default). */
+struct simverbs_reg_cost {
+	uint32_t reg_ns;
+	uint32_t reg_ns_per_page;
+	uint32_t dereg_ns;
+	uint32_t dereg_ns_per_page;
+};
+void simverbs_set_reg_cost(const struct simverbs_reg_cost *cost);
+
+/* What ibv_is_fork_initialized() answers (default IBV_FORK_UNNEEDED, a
+ * kernel that copies pinned pages at fork); ibv_fork_init() turns
+ * DISABLED into ENABLED. simverbs itself never calls madvise. */
+void simverbs_set_fork_status(enum ibv_fork_status status);
 
 /* ---- QP helpers ---- */
 
@@ -135,6 +165,13 @@ int simverbs_peer_send(struct simverbs_peer *peer, const void *buf, size_t len,
 /* Takes the oldest message the local QP sent to the peer. -EAGAIN if none. */
 int simverbs_peer_recv(struct simverbs_peer *peer, void *buf, size_t cap,
 		       size_t *len);
+
+/* librdmacm subset, for programs built on rdma_cm: rdma_create_event_channel,
+ * rdma_destroy_event_channel, rdma_create_id, rdma_destroy_id,
+ * rdma_bind_addr and rdma_resolve_addr (any address: the id gets its own
+ * context on the simverbs device, port 1), rdma_create_qp, rdma_create_qp_ex
+ * (CQs created when not given) and rdma_destroy_qp. No connection
+ * management: connect the QP with simverbs_peer_connect(). */
 
 /* 0 if `key` currently grants any access in pd (rights in *access, may be
  * NULL), -ENOKEY otherwise. Independent of QP state and window binding QP. */
