@@ -2,6 +2,7 @@
 
 #include "MrLeakCheck.h"
 #include "engine/Lifecycle.h"
+#include "engine/Program.h"
 
 using namespace clang;
 
@@ -37,7 +38,34 @@ void MrLeakCheck::run(const TuAnalysis &A) {
         note(A, I.Produced->Loc, What + " obtained here");
     }
   }
-  // A handle kept in a struct that nothing ever releases.
+  reportNeverReleased(A, L);
+}
+
+/// The struct a shared slot lives in ("" for globals): what a teardown
+/// releases together.
+static std::string ownerOf(const SlotKey &S) {
+  const RecordDecl *RD = S.record();
+  return RD ? RD->getName().str() : std::string();
+}
+
+/// Handles the program keeps for good need no release (a server's one
+/// registration, freed at exit). But when a teardown releases the other
+/// handles of the same struct, a handle it skips is forgotten: that leaks.
+void MrLeakCheck::reportNeverReleased(const TuAnalysis &A, const Lifecycle &L) {
+  // Teardowns here: a function releasing a handle it does not produce.
+  std::set<std::string> TornDown;
+  for (const LifeEvent &E : L.events()) {
+    if ((E.K != LifeEventKind::Deregister && E.K != LifeEventKind::Release) ||
+        !E.Slot.isShared())
+      continue;
+    bool ProducedThere = llvm::any_of(L.events(), [&](const LifeEvent &P) {
+      return P.K == LifeEventKind::Produce && P.Slot == E.Slot && P.Fn == E.Fn;
+    });
+    if (!ProducedThere) {
+      TornDown.insert(ownerOf(E.Slot));
+      Program::of(A).exportFact(factKey(FactKind::TearsDown, ownerOf(E.Slot)));
+    }
+  }
   std::set<SlotKey> Done;
   for (const LifeEvent &E : L.events()) {
     if (E.K != LifeEventKind::Produce || !E.Slot.isShared() ||
@@ -49,11 +77,16 @@ void MrLeakCheck::run(const TuAnalysis &A) {
       Released |= L.has(E.Slot, K);
     if (Released)
       continue;
-    reportUnless(A, E.Loc,
-                 "the " + handleWord(&E) + " from '" + E.What +
-                     "' is stored in '" + E.Slot.str() +
-                     "' but nothing releases it; it leaks",
-                 Lifecycle::fact(FactKind::Releases, E.Slot));
+    std::string Message = "the " + handleWord(&E) + " from '" + E.What +
+                          "' is stored in '" + E.Slot.str() +
+                          "' but nothing releases it, while the handles next "
+                          "to it are released; it leaks";
+    std::string Releases = Lifecycle::fact(FactKind::Releases, E.Slot);
+    if (TornDown.count(ownerOf(E.Slot)))
+      reportUnless(A, E.Loc, Message, Releases);
+    else
+      reportIfProgram(A, E.Loc, Message,
+                      {factKey(FactKind::TearsDown, ownerOf(E.Slot))}, {Releases});
   }
 }
 

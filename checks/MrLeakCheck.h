@@ -15,6 +15,8 @@ public:
 protected:
   void run(const TuAnalysis &A) override;
 
+private:
+  void reportNeverReleased(const TuAnalysis &A, const class Lifecycle &L);
 };
 
 } // namespace ulplint

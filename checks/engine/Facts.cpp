@@ -30,6 +30,7 @@ static llvm::StringRef factVerb(FactKind K) {
   case FactKind::PostsRegistration: return "posts-registration";
   case FactKind::Signals: return "signals";
   case FactKind::ComparesInvalidatedKey: return "compares-invalidated-key";
+  case FactKind::TearsDown: return "tears-down";
   }
   return "";
 }

@@ -36,6 +36,7 @@ enum class FactKind {
   PostsRegistration, // ... among them REG_MR, LOCAL_INV or BIND_MW
   Signals,           // ... and some of them ask for a completion
   ComparesInvalidatedKey, // the function compares a caller's key with an MR's
+  TearsDown,         // a teardown releases the handles of the struct
 };
 
 /// The spelling units exchange: "exposes:nvme_rdma_request.mr".

@@ -439,6 +439,11 @@ private:
     case Effect::ContainerRecycle:
       released(Fn, CE, C.arg(ArgRole::Entry), Name, /*EntryOfContainer=*/true);
       break;
+    case Effect::BufferAlloc:
+      if (std::optional<Location> Result = A.resultOf(CE))
+        for (const SlotKey &Slot : handleSlotsWithin(Fn, *Result))
+          add(event(LifeEventKind::Fresh, Slot, Fn, CE, Loc, Name));
+      break;
     case Effect::WaitCompletion:
     case Effect::CqPoll:
       add(event(LifeEventKind::Wait, SlotKey(), Fn, CE, Loc, Name));
@@ -590,6 +595,7 @@ private:
       LifeEvent E = event(LifeEventKind::ContainerRelease, Slot, Fn, CE,
                           CE->getBeginLoc(), Name);
       E.Stable = stable(Fn, *Freed);
+      E.Recycle = EntryOfContainer;
       add(E);
     }
   }
@@ -617,6 +623,7 @@ private:
       LifeEvent E = event(LifeEventKind::ContainerRelease, Slot, Fn, BO,
                           BO->getBeginLoc(), "free list");
       E.Stable = stable(Fn, *Item);
+      E.Recycle = true;
       add(E);
     }
   }
@@ -648,16 +655,28 @@ private:
       T = S.Field ? S.Field->getType() : QualType();
     if (!T.isNull() && T->isPointerType())
       if (const RecordDecl *RD = T->getPointeeType()->getAsRecordDecl())
-        if ((RD = RD->getDefinition()))
-          for (const FieldDecl *F : RD->fields())
-            if (isHandleType(A, F->getType())) {
-              Location Field = Resolved;
-              Field.Steps.push_back({F});
-              SlotKey Slot = SlotKey::of(Field, Fn);
-              if (Slot.isShared() && !llvm::is_contained(Found, Slot))
-                Found.push_back(Slot);
-            }
+        handleFields(Fn, Resolved, RD, 0, Found);
     return Found;
+  }
+
+  /// The handle fields of \p RD, inside embedded structs and unions too
+  /// (`ibmr->u.frmr.mr`), as slots of the object \p Object names.
+  void handleFields(const FunctionDecl *Fn, const Location &Object,
+                    const RecordDecl *RD, unsigned Depth,
+                    std::vector<SlotKey> &Found) {
+    if (!(RD = RD ? RD->getDefinition() : nullptr) || Depth > 3)
+      return;
+    for (const FieldDecl *F : RD->fields()) {
+      Location Field = Object;
+      Field.Steps.push_back({F});
+      if (isHandleType(A, F->getType())) {
+        SlotKey Slot = SlotKey::of(Field, Fn);
+        if (Slot.isShared() && !llvm::is_contained(Found, Slot))
+          Found.push_back(Slot);
+      } else if (const RecordDecl *Inner = F->getType()->getAsRecordDecl()) {
+        handleFields(Fn, Field, Inner, Depth + 1, Found);
+      }
+    }
   }
 
   /// A call to a helper of this unit carries its effects (the solver

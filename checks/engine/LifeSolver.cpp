@@ -607,6 +607,9 @@ private:
     case LifeEventKind::Bind:
       S.Bound = E.Binding;
       break;
+    case LifeEventKind::Fresh:
+      S = PathState();
+      break;
     case LifeEventKind::KeyStaged:
       if (S.L == Life::Live)
         S.Staged = &E;
@@ -710,14 +713,14 @@ private:
       if (!Bare)
         Bare = S;
       break;
-    case Life::Live:
-      // The holder of a live handle freed: the handle leaks with it.
-      if (E.K == LifeEventKind::ContainerRelease && S.Produced)
-        incident(W, LifeIncident::LeakOverwrite, &E, S);
-      break;
     default:
       break;
     }
+    // The holder of a handle freed (not put back on a free list with its
+    // handle): the handle leaks with it.
+    if (E.K == LifeEventKind::ContainerRelease && !E.Recycle && holds(S.L) &&
+        S.Produced)
+      incident(W, LifeIncident::LeakOverwrite, &E, S);
     // Unmapping the memory does not end the handle; the rest do.
     if (E.K != LifeEventKind::BufferRelease) {
       S.L = Life::Released;

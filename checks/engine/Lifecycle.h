@@ -47,6 +47,7 @@ enum class LifeEventKind {
   Bind,             // memory is put behind the handle (map, rereg, window bind)
   KeyStaged,        // the rkey is written into a message that is not sent yet
   Post,             // work requests are posted: staged keys leave with them
+  Fresh,            // the struct holding the handle was just allocated
 };
 
 struct LifeEvent {
@@ -62,6 +63,7 @@ struct LifeEvent {
   bool Stable = true;       // the handle names one object each time (no a[i])
   bool Remote = false;      // Produce: registered with remote rights
   bool Lazy = false;        // Produce: only when the slot is empty (a cache)
+  bool Recycle = false;     // ContainerRelease: back to a free list, not freed
   /// BufferRelease: the registration or mapping that put this memory
   /// behind the handle; Produce / Bind: the call itself.
   const clang::Stmt *Binding = nullptr;

@@ -202,6 +202,7 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::TransportQueryIb, "transport.query_ib"},
     {Effect::DmaMap, "dma.map"},
     {Effect::DmaUnmap, "dma.unmap"},
+    {Effect::BufferAlloc, "buffer.alloc"},
     {Effect::BufferFree, "buffer.free"},
     {Effect::ContainerRecycle, "container.recycle"},
     {Effect::WaitCompletion, "wait.completion"},

@@ -114,6 +114,7 @@ enum class Effect {
   TransportQueryIb, // true on InfiniBand/RoCE only (rdma_protocol_ib)
   DmaMap,
   DmaUnmap,
+  BufferAlloc,      // malloc(), kzalloc(): fresh memory, no handles in it yet
   BufferFree,
   ContainerRecycle, // list_add(&req->node, &free_list)
   WaitCompletion,
