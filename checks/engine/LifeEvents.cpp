@@ -103,6 +103,17 @@ KeyTracker::KeyTracker(const TuAnalysis &A) : A(A) {
       if (auto Owner = keyOwner(A, stripExpr(D.Value)))
         Holders.try_emplace(Key, slotOf(A, *Owner, Fn));
     }
+  // ibv_wr_bind_mw(qpx, b->mw, b->key, &info): b->key is b->mw's key.
+  for (const ApiCall &C : A.calls())
+    if (C.Model->E == Effect::WrxOp && C.Model->Op == Opcode::BindMw)
+      if (const Expr *K = C.arg(ArgRole::Rkey))
+        if (auto KL = locationOf(K); KL && !KL->Steps.empty())
+          if (const Expr *Mw = C.arg(ArgRole::Mw))
+            if (auto ML = locationOf(Mw)) {
+              SlotKey Holder = slotOf(A, *KL, C.Caller);
+              if (Holder.isShared())
+                Holders.try_emplace(Holder, slotOf(A, *ML, C.Caller));
+            }
   // `wr.bind_mw.rkey = f->key` with `wr.bind_mw.mw = f->mw`, and REG_MR's
   // `reg_wr.key = k` with `reg_wr.mr = mr`: the value is that handle's key.
   for (const FieldStore &Key : A.stores()) {
@@ -423,7 +434,12 @@ private:
       break;
     case Effect::WrxOp:
       if (C.Model->Op == Opcode::BindMw)
-        On(LifeEventKind::Expose, ArgRole::Mw);
+        if (auto Slot = handleSlot(Fn, C.arg(ArgRole::Mw))) {
+          LifeEvent E = event(LifeEventKind::Expose, *Slot, Fn, CE, Loc, Name);
+          E.Window = true;
+          extendedPost(C, E);
+          add(E);
+        }
       if (C.Model->Op == Opcode::LocalInv)
         if (auto Slot = Keys.keySlot(Fn, C.arg(ArgRole::InvalidateRkey))) {
           LifeEvent E = event(LifeEventKind::InvalidatePost, *Slot, Fn, CE, Loc, Name);

@@ -281,6 +281,7 @@ private:
       const auto *Fn = DRE ? dyn_cast<FunctionDecl>(DRE->getDecl()) : nullptr;
       if (!Fn || !(Fn = Fn->getDefinition()))
         continue;
+      DoneCallbacks.insert(Fn);
       for (const FieldStore *Cqe : WrCqes) {
         std::optional<Location> Target = locationOf(Cqe->Value);
         if (!Target || !A.sameStorage(Done->Object, Done->Fn, *Target, Cqe->Fn))
@@ -699,7 +700,7 @@ private:
       S.Reported = true;
       break;
     case Life::InvalPosted:
-      if (!S.Waited && S.Inval != &EntryMarker && !S.Reported) {
+      if (!S.Waited && !S.Reported) {
         incident(W, LifeIncident::ReleaseBeforeInvalidated, &E, S);
         S.Reported = true;
       }
@@ -1121,7 +1122,7 @@ private:
       // A handle this helper produced and still holds on an error return:
       // its caller may release it; if not, the helper leaked it.
       if (Error && W.Slot.isShared() && holds(S.L) && ownFresh(S) &&
-          !S.Pending)
+          !S.Pending && unwinds(W.Fn, W.Slot))
         X.S.Pending = latent(leak(W, RS, S));
       if (!llvm::any_of(W.R.Exits, [&](const Exit &O) {
             return O.Error == X.Error && O.S == X.S;
@@ -1138,8 +1139,65 @@ private:
     }
     // A shared slot keeps its handle for later; only an error return
     // abandons it.
-    if (Error && (S.Pending || ownFresh(S)))
+    if (Error && (S.Pending || (ownFresh(S) && unwinds(W.Fn, W.Slot))))
       addIncident(W, S.Pending ? *S.Pending : leak(W, RS, S));
+  }
+
+  /// Whose job is it to release a handle stored in a struct when the
+  /// function fails? The function's, if it releases the handle on another
+  /// path itself (it unwinds its own work), or if nothing but the
+  /// completion of an I/O releases it (a failed submit never completes).
+  /// Otherwise an abort or cleanup function of the unit takes it back.
+  bool unwinds(const FunctionDecl *Fn, const SlotKey &Slot) {
+    auto Key = std::make_pair(Fn, Slot);
+    auto It = Unwinds.find(Key);
+    if (It != Unwinds.end())
+      return It->second;
+    bool Own = false, Cleanup = false;
+    for (const LifeEvent &E : LC.Events) {
+      bool Releases = E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release ||
+                      (E.K == LifeEventKind::ContainerRelease && !E.Recycle);
+      if (!Releases || E.Slot != Slot)
+        continue;
+      if (E.Fn == Fn)
+        Own = true;
+      else if (!onCompletionPath(E.Fn))
+        Cleanup = true;
+    }
+    return Unwinds[Key] = Own || !Cleanup;
+  }
+
+  /// Does \p From call \p To, directly or through helpers?
+  bool reaches(const FunctionDecl *From, const FunctionDecl *To) {
+    std::vector<const FunctionDecl *> Work = {From};
+    std::set<const FunctionDecl *> Seen = {From};
+    while (!Work.empty()) {
+      const FunctionDecl *F = Work.back();
+      Work.pop_back();
+      for (const LifeEvent *C : Callees[F]) {
+        if (C->Callee == To)
+          return true;
+        if (Seen.insert(C->Callee).second)
+          Work.push_back(C->Callee);
+      }
+    }
+    return false;
+  }
+
+  /// A function that runs when an I/O completes: it receives a completion,
+  /// is a work request's done callback, or is called only from those.
+  bool onCompletionPath(const FunctionDecl *Fn, unsigned Depth = 0) {
+    for (const ParmVarDecl *P : Fn->parameters())
+      if (const StructModel *S = A.structOf(P->getType()); S && S->Role == StructRole::Wc)
+        return true;
+    if (DoneCallbacks.count(Fn))
+      return true;
+    auto Callers = A.callersOf(Fn);
+    if (Callers.empty() || Depth > 4)
+      return false;
+    return llvm::all_of(Callers, [&](const auto &C) {
+      return C.second != Fn && onCompletionPath(C.second, Depth + 1);
+    });
   }
 
   LifeIncident leak(Walk &W, const ReturnStmt *RS, const PathState &S) {
@@ -1187,6 +1245,8 @@ private:
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
   std::set<int64_t> InvTags;
+  std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Unwinds;
+  std::set<const FunctionDecl *> DoneCallbacks;
   std::map<const FunctionDecl *, std::set<SlotKey>> OwnSlots, ParamSlots, Touches,
       SharedTouched, Prepares;
   std::map<const FunctionDecl *, std::vector<const LifeEvent *>> Callees;
