@@ -450,7 +450,7 @@ private:
     case Effect::DmaUnmap:
     case Effect::BufferFree:
       released(Fn, CE, C.arg(C.Model->E == Effect::DmaUnmap ? ArgRole::Sg : ArgRole::Buffer),
-               Name);
+               Name, false, C.Model->E == Effect::DmaUnmap);
       break;
     case Effect::ContainerRecycle:
       released(Fn, CE, C.arg(ArgRole::Entry), Name, /*EntryOfContainer=*/true);
@@ -464,6 +464,13 @@ private:
     case Effect::CqPoll:
       add(event(LifeEventKind::Wait, SlotKey(), Fn, CE, Loc, Name));
       break;
+    case Effect::WaitCompletionTimeout: {
+      // On the branch where it returned 0, nothing completed.
+      LifeEvent E = event(LifeEventKind::Wait, SlotKey(), Fn, CE, Loc, Name);
+      E.Post = CE;
+      add(E);
+      break;
+    }
     case Effect::ErrorPointerTest:
     case Effect::MemoryZero:
       // Outside the lifecycle; a handle passed here is treated like one
@@ -589,7 +596,7 @@ private:
   /// A DMA unmap or free: of a buffer behind a handle, or of the struct that
   /// holds handles.
   void released(const FunctionDecl *Fn, const CallExpr *CE, const Expr *Arg,
-                StringRef Name, bool EntryOfContainer = false) {
+                StringRef Name, bool EntryOfContainer = false, bool Unmap = false) {
     if (!Arg)
       return;
     std::optional<Location> Freed = EntryOfContainer ? locationOf(Arg) : memoryOf(Arg);
@@ -605,6 +612,21 @@ private:
         E.Stable = stable(Fn, *Freed);
         add(E);
       }
+    // `ib_dma_unmap_sg(dev, req->sgl, ...)` with the MR in req->mr: the
+    // request's data, mapped into its MR somewhere this unit does not see.
+    if (Unmap && !Freed->Steps.empty() &&
+        llvm::none_of(Buffers, [&](const auto &B) {
+          return A.sameStorage(*Freed, Fn, std::get<0>(B), std::get<1>(B));
+        })) {
+      Location Request = A.flow(Fn).resolve(*Freed);
+      Request.Steps.pop_back();
+      for (const SlotKey &Slot : handleSlotsWithin(Fn, Request)) {
+        LifeEvent E = event(LifeEventKind::BufferRelease, Slot, Fn, CE,
+                            CE->getBeginLoc(), Name);
+        E.Stable = stable(Fn, *Freed);
+        add(E);
+      }
+    }
     // Handles stored inside the freed struct go with it.
     Location Container = A.flow(Fn).resolve(*Freed);
     for (const SlotKey &Slot : handleSlotsWithin(Fn, Container)) {

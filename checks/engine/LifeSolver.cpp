@@ -581,6 +581,10 @@ private:
 
   void apply(Walk &W, const LifeEvent &E, PathState &S) {
     if (E.K == LifeEventKind::Wait) {
+      if (E.Post && S.L == Life::InvalPosted) {
+        remember(S, E); // a wait that may time out: undone on that branch
+        S.Undo = S.L;
+      }
       S.Waited = true;
       return;
     }
@@ -863,6 +867,8 @@ private:
         if (S.Outcome == 0 && FailedHere) {
           S.L = S.Undo; // the post that changed the slot failed
           S.Exposed = S.UndoExposed;
+          if (waitsWithTimeout(S.Tag))
+            S.Waited = false; // the wait gave up
         }
         S.Outcome = FailedHere ? 1 : -1;
       }
@@ -1061,8 +1067,9 @@ private:
       } else
         return std::nullopt;
     }
-    if (Cond->getType()->isPointerType() || Cond->getType()->isBooleanType())
-      Pointer = true; // a pointer or bool result is true on success
+    if (Cond->getType()->isPointerType() || Cond->getType()->isBooleanType() ||
+        waitsWithTimeout(Call))
+      Pointer = true; // a pointer, a bool or a time left: true on success
     auto Result = [&](bool TrueMeansFailure) {
       return std::optional<bool>(TrueMeansFailure != Negated);
     };
@@ -1073,6 +1080,12 @@ private:
         if (D && D->K == Def::Assign && stripExpr(D->Value) == Call)
           return Result(!Pointer);
     return std::nullopt;
+  }
+
+  bool waitsWithTimeout(const Stmt *Call) {
+    const auto *CE = dyn_cast<CallExpr>(Call);
+    const FunctionModel *M = CE ? A.modelOf(CE) : nullptr;
+    return M && M->E == Effect::WaitCompletionTimeout;
   }
 
   /// A block that leaves the function early: a goto, or a return of a

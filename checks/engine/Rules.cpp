@@ -206,6 +206,7 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::BufferFree, "buffer.free"},
     {Effect::ContainerRecycle, "container.recycle"},
     {Effect::WaitCompletion, "wait.completion"},
+    {Effect::WaitCompletionTimeout, "wait.completion_timeout"},
     {Effect::CqPoll, "cq.poll"},
     {Effect::RwInit, "rw.init"},
     {Effect::RwWrs, "rw.wrs"},

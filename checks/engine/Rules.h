@@ -118,6 +118,7 @@ enum class Effect {
   BufferFree,
   ContainerRecycle, // list_add(&req->node, &free_list)
   WaitCompletion,
+  WaitCompletionTimeout, // 0 when the wait gave up
   CqPoll,           // ibv_poll_cq, ib_poll_cq: reaps completions (the data path)
   RwInit,
   RwWrs,
