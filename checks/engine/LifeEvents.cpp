@@ -92,6 +92,14 @@ std::optional<FieldRole> CompletionFields::role(const FunctionDecl *Fn,
   return std::nullopt;
 }
 
+bool CompletionFields::isInvalidatedKeyCopy(const FieldDecl *F) const {
+  for (const auto &[Slot, Role] : Copies)
+    if (Role == FieldRole::InvalidatedRkey && !Slot.path().empty() &&
+        Slot.path().back().Field == F)
+      return true;
+  return false;
+}
+
 KeyTracker::KeyTracker(const TuAnalysis &A) : A(A) {
   for (const FunctionDecl *Fn : A.functions())
     for (const Def &D : A.flow(Fn).defs()) {

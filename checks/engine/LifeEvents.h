@@ -43,6 +43,8 @@ public:
   /// WcFlags / InvalidatedRkey for an expression that reads one.
   std::optional<FieldRole> role(const clang::FunctionDecl *Fn,
                                 const clang::Expr *E) const;
+  /// Does field \p F hold a copy of a completion's invalidated rkey?
+  bool isInvalidatedKeyCopy(const clang::FieldDecl *F) const;
   /// Does \p E read the opcode of a completion (`wc->opcode`, a copy)?
   bool isCompletionOpcode(const clang::FunctionDecl *Fn, const clang::Expr *E) const {
     return role(Fn, E) == FieldRole::WcOpcode;

@@ -177,7 +177,7 @@ private:
       if (E.K == LifeEventKind::InvalidatePost)
         Invalidated.insert(E.Slot);
       if (E.K == LifeEventKind::Produce || E.K == LifeEventKind::Bind ||
-          E.K == LifeEventKind::Expose || E.K == LifeEventKind::KeyStaged)
+          E.K == LifeEventKind::Expose)
         Prepares[E.Fn].insert(E.Slot);
       else if (isParamSlot(E.Slot))
         ParamSlots[E.Fn].insert(E.Slot);

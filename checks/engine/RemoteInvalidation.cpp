@@ -181,13 +181,21 @@ public:
     if (A.modelOf(CE))
       return true;
     bool Passes = llvm::any_of(CE->arguments(), [&](const Expr *Arg) {
-      return Reads.reads(Arg) || carriesCompletion(Arg);
+      return Reads.reads(Arg) || carriesCompletion(Arg) || carriesKeyCopy(Arg);
     });
-    if (!Passes)
-      return true;
     const FunctionDecl *Callee = CE->getDirectCallee();
     const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
-    if (!Def || !llvm::is_contained(A.functions(), Def)) {
+    bool Helper = Def && llvm::is_contained(A.functions(), Def);
+    if (!Passes && !Helper)
+      return true;
+    if (!Helper) {
+      // `req = ulp_req_by_rkey(q, rkey)`: a lookup by the invalidated key
+      // finds the request whose key it is.
+      if (Callee && Callee->getReturnType()->isPointerType() &&
+          llvm::any_of(CE->arguments(), [&](const Expr *Arg) { return Reads.reads(Arg); })) {
+        Checked = true;
+        return true;
+      }
       // Another unit may test it (xprtrdma's frwr_reminv): the finding then
       // depends on that unit (compares-invalidated-key:<name>).
       if (Callee && External.empty() && Callee->isExternallyVisible())
@@ -212,6 +220,19 @@ private:
   bool carriesCompletion(const Expr *E) {
     const StructModel *S = A.structOf(stripExpr(E)->getType());
     return S && S->Role == StructRole::Wc;
+  }
+
+  /// A struct holding a copy of the invalidated key (xprtrdma's
+  /// rep->rr_inv_rkey).
+  bool carriesKeyCopy(const Expr *E) {
+    QualType T = stripExpr(E)->getType();
+    const RecordDecl *RD =
+        T->isPointerType() ? T->getPointeeType()->getAsRecordDecl() : nullptr;
+    if (!RD || !(RD = RD->getDefinition()))
+      return false;
+    return llvm::any_of(RD->fields(), [&](const FieldDecl *F) {
+      return CF.isInvalidatedKeyCopy(F);
+    });
   }
 
   const TuAnalysis &A;

@@ -346,6 +346,9 @@ KeyUse keyUse(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *Read,
     if (Def && llvm::is_contained(A.functions(), Def) &&
         Index < Def->getNumParams())
       return readsUse(A, Def, Def->getParamDecl(Index), Depth + 1);
+    // printf(), pr_warn(): a key in a log line reaches nobody.
+    if (Callee && Callee->isVariadic() && Index >= Callee->getNumParams())
+      return KeyUse::Local;
     // put_unaligned_le32(mr->rkey, msg->key), memcpy(msg, &key, 4): into
     // memory a post sends, through a function of another unit.
     return KeyUse::Staged;
