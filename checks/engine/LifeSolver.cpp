@@ -174,8 +174,10 @@ private:
         continue;
       if (E.Slot.isShared())
         SharedSlots.insert(E.Slot);
-      if (E.K == LifeEventKind::InvalidatePost)
+      if (E.K == LifeEventKind::InvalidatePost) {
         Invalidated.insert(E.Slot);
+        Invalidators.insert(E.Fn);
+      }
       if (E.K == LifeEventKind::Produce || E.K == LifeEventKind::Bind ||
           E.K == LifeEventKind::Expose)
         Prepares[E.Fn].insert(E.Slot);
@@ -814,6 +816,12 @@ private:
       if (fromEntry(I)) {
         J.Anchor = CE;
         J.AnchorFn = W.Fn;
+        // Released by the helper after this function saw another key
+        // invalidated: the completion is finished after the mismatch.
+        if (J.K == LifeIncident::ReleaseWhileExposed && S.Mismatch) {
+          J.K = LifeIncident::ReleaseAfterMismatch;
+          J.Mismatch = S.Mismatch;
+        }
       }
       addIncident(W, J);
     }
@@ -874,6 +882,7 @@ private:
       }
     if (const auto *If = dyn_cast_or_null<IfStmt>(Term)) {
       acceptRemoteInvalidation(W, If, Then, S);
+      trustInvalidationFlag(W, If, Then, S);
       if (Then && exitsEarly(To))
         S.ErrorBranch = If;
     }
@@ -938,6 +947,42 @@ private:
     if (!DRE)
       return std::nullopt;
     return A.rules().completionOpcodeOf(DRE->getDecl()->getName());
+  }
+
+  /// `if (req->need_inv) post_local_inv(req); else complete(req);`: a flag
+  /// the ULP keeps for whether the key still needs invalidating (nvme-rdma's
+  /// mr->need_inval). Where the flag says no, the key is taken as dead.
+  void trustInvalidationFlag(Walk &W, const IfStmt *If, bool Then, PathState &S) {
+    if (S.L != Life::Exposed)
+      return;
+    bool Negated = false;
+    const Expr *Cond = stripNegation(If->getCond(), Negated);
+    std::optional<Location> Flag = locationOf(Cond);
+    if (!Flag || Flag->Steps.empty() || isHandleType(A, Cond->getType()) ||
+        !Cond->getType()->isScalarType())
+      return;
+    const Stmt *Invalidating = Negated ? If->getElse() : If->getThen();
+    bool TakesOther = Negated ? Then : !Then;
+    if (!Invalidating || !TakesOther || !invalidatesIn(W, Invalidating))
+      return;
+    S.L = Life::Invalidated;
+  }
+
+  /// Does \p Branch post a LOCAL_INV of the walk's slot (itself or through a
+  /// helper)?
+  bool invalidatesIn(Walk &W, const Stmt *Branch) {
+    const SourceManager &SM = A.sources();
+    SourceRange R = Branch->getSourceRange();
+    for (const LifeEvent &E : LC.Events) {
+      if (E.Fn != W.Fn || !E.S ||
+          !SM.isPointWithin(E.S->getBeginLoc(), R.getBegin(), R.getEnd()))
+        continue;
+      if (E.K == LifeEventKind::InvalidatePost && E.Slot == W.Slot)
+        return true;
+      if (E.K == LifeEventKind::Call && Invalidators.count(E.Callee))
+        return true;
+    }
+    return false;
   }
 
   /// The accepting branch of a WITH_INVALIDATE test.
@@ -1258,6 +1303,7 @@ private:
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
   std::set<int64_t> InvTags;
+  std::set<const FunctionDecl *> Invalidators;
   std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Unwinds;
   std::set<const FunctionDecl *> DoneCallbacks;
   std::map<const FunctionDecl *, std::set<SlotKey>> OwnSlots, ParamSlots, Touches,
