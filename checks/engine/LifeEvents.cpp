@@ -37,6 +37,14 @@ std::string Lifecycle::fact(FactKind K, const SlotKey &Slot) {
 }
 
 std::optional<Location> keyOwner(const TuAnalysis &A, const Expr *E) {
+  // ibv_inc_rkey(mw->rkey), cpu_to_be32(mr->rkey): still that handle's key.
+  if (const auto *CE = dyn_cast_or_null<CallExpr>(stripExpr(E))) {
+    const FunctionModel *M = A.modelOf(CE);
+    const FunctionDecl *F = CE->getDirectCallee();
+    if (((M && M->E == Effect::RkeyIncrement) || (F && F->getBuiltinID())) &&
+        CE->getNumArgs() >= 1)
+      return keyOwner(A, CE->getArg(0));
+  }
   std::optional<Location> L = locationOf(E);
   if (!L || L->Steps.empty())
     return std::nullopt;

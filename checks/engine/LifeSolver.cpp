@@ -204,14 +204,22 @@ private:
   /// wr_id carries, which its completion is recognised by.
   void findInvalidationTags() {
     for (const FieldStore &S : A.stores()) {
-      if (S.Role != FieldRole::WrId || !S.Value || S.Struct->Role != StructRole::SendWr)
+      if (S.Role != FieldRole::WrId || !S.Value)
         continue;
       bool Inv = false;
-      for (const FieldStore &Op : A.stores())
-        if (Op.Role == FieldRole::Opcode &&
-            A.sameStorage(Op.Object, Op.Fn, S.Object, S.Fn) &&
-            llvm::is_contained(opcodesOf(A, Op), Opcode::LocalInv))
-          Inv = true;
+      if (S.Struct->Role == StructRole::SendWr) {
+        for (const FieldStore &Op : A.stores())
+          if (Op.Role == FieldRole::Opcode &&
+              A.sameStorage(Op.Object, Op.Fn, S.Object, S.Fn) &&
+              llvm::is_contained(opcodesOf(A, Op), Opcode::LocalInv))
+            Inv = true;
+      } else if (S.Struct->Role == StructRole::QpEx) {
+        // qpx->wr_id set for the ibv_wr_local_inv() that follows.
+        Inv = llvm::any_of(A.calls(), [&](const ApiCall &C) {
+          return C.Caller == S.Fn && C.Model->E == Effect::WrxOp &&
+                 C.Model->Op == Opcode::LocalInv;
+        });
+      }
       if (!Inv)
         continue;
       const Expr *V = stripExpr(S.Value);

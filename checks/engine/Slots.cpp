@@ -25,13 +25,14 @@ static std::optional<size_t> sharedStart(const Location &L) {
       ThroughPointer = T->isPointerType();
       continue;
     }
-    // Indexing a pointer dereferences it; indexing an embedded array does not.
-    bool Pointer = T->isPointerType();
+    // An element of an array of structs is some struct of that type, as a
+    // pointer to it would name it: `q->reqs[i].mw` is the `mw` of some
+    // request, the same storage as `r->mw` in a helper given &q->reqs[i].
     if (const auto *PT = T->getAs<PointerType>())
       T = PT->getPointeeType();
     else if (const auto *AT = T->getAsArrayTypeUnsafe())
       T = AT->getElementType();
-    ThroughPointer = Pointer || (I == 0 && isa<ParmVarDecl>(L.Root));
+    ThroughPointer = true;
   }
   return Start;
 }
