@@ -169,17 +169,35 @@ bool conditionFromJson(const json::Value &V, ConditionalFinding &C,
 }
 } // namespace
 
+json::Value incompleteToJson(const IncompleteAnalysis &I) {
+  return json::Object{{"file", I.File},
+                      {"line", I.Line},
+                      {"function", I.Function},
+                      {"reason", I.Reason}};
+}
+
+bool incompleteFromJson(const json::Value &V, IncompleteAnalysis &I,
+                        json::Path P) {
+  json::ObjectMapper O(V, P);
+  return O && O.map("file", I.File) && O.map("line", I.Line) &&
+         O.map("function", I.Function) && O.map("reason", I.Reason);
+}
+
 json::Value unitToJson(const UnitResult &U) {
   json::Array Findings, Conditions;
   for (const ClangTidyError &E : U.Findings)
     Findings.push_back(errorToJson(E));
+  json::Array Incomplete;
   for (const ConditionalFinding &C : U.Facts.Conditions)
     Conditions.push_back(conditionToJson(C));
+  for (const IncompleteAnalysis &I : U.Facts.Incomplete)
+    Incomplete.push_back(incompleteToJson(I));
   return json::Object{{"file", U.File},
                       {"findings", std::move(Findings)},
                       {"parseErrors", U.ParseErrors},
                       {"facts", U.Facts.Facts},
-                      {"conditions", std::move(Conditions)}};
+                      {"conditions", std::move(Conditions)},
+                      {"incomplete", std::move(Incomplete)}};
 }
 
 bool unitFromJson(const json::Value &V, UnitResult &U, json::Path P) {
@@ -189,8 +207,15 @@ bool unitFromJson(const json::Value &V, UnitResult &U, json::Path P) {
     return false;
   const json::Array *Findings = arrayField(V, "findings", P);
   const json::Array *Conditions = arrayField(V, "conditions", P);
-  if (!Findings || !Conditions)
+  const json::Array *Incomplete = arrayField(V, "incomplete", P);
+  if (!Findings || !Conditions || !Incomplete)
     return false;
+  for (size_t I = 0; I < Incomplete->size(); ++I) {
+    IncompleteAnalysis Item;
+    if (!incompleteFromJson((*Incomplete)[I], Item, P.field("incomplete").index(I)))
+      return false;
+    U.Facts.Incomplete.push_back(std::move(Item));
+  }
   for (size_t I = 0; I < Findings->size(); ++I) {
     ClangTidyError E("", ClangTidyError::Warning, "", false);
     if (!errorFromJson((*Findings)[I], E, P.field("findings").index(I)))

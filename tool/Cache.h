@@ -21,6 +21,10 @@ namespace ulplint::tool {
 llvm::json::Value unitToJson(const UnitResult &U);
 bool unitFromJson(const llvm::json::Value &V, UnitResult &U,
                   llvm::json::Path P);
+/// A function whose analysis a budget cut short, as JSON and back.
+llvm::json::Value incompleteToJson(const IncompleteAnalysis &I);
+bool incompleteFromJson(const llvm::json::Value &V, IncompleteAnalysis &I,
+                        llvm::json::Path P);
 
 /// A hex digest of \p Data (xxh3, 128 bits): content identity, not security.
 std::string contentHash(llvm::StringRef Data);
