@@ -68,6 +68,14 @@ public:
   /// limit). Returns the number of entries removed.
   unsigned maintain(uint64_t MaxBytes);
 
+  /// Records each unit's exported facts in the cache directory's
+  /// program-facts.json (ProgramFacts.h), for the clang-tidy plugin and
+  /// ulplint-clangd: units analysed now replace their entries, entries of
+  /// other files of \p Database stay, files no longer in it go. Units that
+  /// did not parse keep their last entry.
+  llvm::Error recordProgramFacts(llvm::ArrayRef<UnitResult> Units,
+                                 llvm::ArrayRef<std::string> Database);
+
 private:
   explicit ResultCache(std::string Root) : Root(std::move(Root)) {}
   std::string entryPath(llvm::StringRef Key) const;

@@ -355,6 +355,29 @@ std::unique_ptr<ResultCache> openCache(const char *Argv0) {
   return std::move(*Cache);
 }
 
+/// Every file of the program: the database's, though only some are named.
+std::vector<std::string>
+programFiles(const clang::tooling::CompilationDatabase &DB,
+             ArrayRef<std::string> Named) {
+  if (auto All = databaseFiles(DB))
+    return std::move(*All);
+  else
+    consumeError(All.takeError()); // '-- flags': the named files are all
+  return Named.vec();
+}
+
+/// The facts the clang-tidy plugin and ulplint-clangd read (ProgramFacts.h);
+/// failing to record them costs only their settling, so it is a warning.
+void recordProgramFacts(ResultCache &Cache, ArrayRef<UnitResult> Units,
+                        ArrayRef<std::string> Database) {
+  Error E = Cache.recordProgramFacts(Units, Database);
+  if (E && !Quiet)
+    WithColor::warning(errs(), "ulplint")
+        << "facts for the clang-tidy plugin not recorded: "
+        << toString(std::move(E)) << "\n";
+  consumeError(std::move(E));
+}
+
 /// --print-commands: what clang parses, for comparing with clang itself.
 void printCommands(const clang::tooling::CompilationDatabase &DB,
                    ArrayRef<std::string> Files, const RunOptions &Run) {
@@ -687,6 +710,8 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   if (Cache && !Quiet)
     errs() << "ulplint: " << Units.size() << " unit(s): " << Stats.Analysed
            << " analysed, " << Stats.FromCache << " from the cache\n";
+  if (Cache)
+    recordProgramFacts(*Cache, Units, programFiles(**DB, *AllFiles));
   if (Cache)
     if (unsigned Pruned = Cache->maintain(*MaxCache); Pruned && !Quiet)
       errs() << "ulplint: cache: " << Pruned
