@@ -253,6 +253,23 @@ int listChecks() {
   return 0;
 }
 
+#include "EmbeddedCheckDocs.inc"
+
+/// The "## Example..." section of the check's page, without its heading.
+StringRef checkPageExamples(StringRef Name) {
+  for (const auto &Doc : EmbeddedCheckDocs) {
+    if (Name != Doc.Check)
+      continue;
+    StringRef Text = Doc.Text;
+    size_t Start = Text.find("\n## Example");
+    if (Start == StringRef::npos)
+      return "";
+    Text = Text.drop_front(Start + 1).split('\n').second;
+    return Text.take_front(Text.find("\n## ")).trim();
+  }
+  return "";
+}
+
 int explain(StringRef Name) {
   const RuleInfo *Info = Rules::embedded().rule(Name);
   if (!Info)
@@ -263,6 +280,8 @@ int explain(StringRef Name) {
          << "  documentation: " << Info->Doc << "\n\n"
          << Info->Summary << "\n\nWhy:\n" << Info->Rationale << "\nFix:\n"
          << Info->Fix;
+  if (StringRef Examples = checkPageExamples(Name); !Examples.empty())
+    outs() << "\nExamples (" << Info->Doc << "):\n\n" << Examples << "\n";
   return 0;
 }
 
