@@ -36,7 +36,7 @@ endif()
 
 set(CPACK_DEBIAN_ULPLINT_PACKAGE_NAME ulplint)
 set(CPACK_DEBIAN_ULPLINT_PACKAGE_SECTION devel)
-set(CPACK_DEBIAN_ULPLINT_PACKAGE_DEPENDS "libclang-common-22-dev")
+set(CPACK_DEBIAN_ULPLINT_PACKAGE_DEPENDS "libclang-common-22-dev, python3")
 set(CPACK_DEBIAN_ULPLINT_PACKAGE_RECOMMENDS "clang-tidy-22")
 set(CPACK_DEBIAN_ULPLINT_DESCRIPTION
   "static analysis of RDMA upper-layer-protocol code

@@ -31,6 +31,8 @@ packages=(
   chromium   # the HTML report is tested in headless Chromium
   strace     # fault injection in the I/O tests (strace -e inject)
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc   # clangd's exported targets
+  dpkg-dev debootstrap   # .deb packages (dpkg-shlibdeps) and their clean-root install test
+  python3-yaml           # the GitHub Action and CI docs tests
 )
 
 install_packages() {
