@@ -7,6 +7,8 @@ args=(-p "$ULPLINT_DATABASE" --sarif-output="$ULPLINT_SARIF" --fail-on="$ULPLINT
 [ -n "${ULPLINT_BASELINE:-}" ] && args+=(--baseline="$ULPLINT_BASELINE")
 # shellcheck disable=SC2206
 extra=(${ULPLINT_ARGS:-})
+# Only this run's SARIF is uploaded, never one a previous run left.
+rm -f "$ULPLINT_SARIF"
 status=0
 "${ULPLINT:-ulplint}" "${args[@]}" "${extra[@]}" || status=$?
 if [ -f "$ULPLINT_SARIF" ]; then
