@@ -33,6 +33,7 @@ packages=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler-grpc   # clangd's exported targets
   dpkg-dev debootstrap   # .deb packages (dpkg-shlibdeps) and their clean-root install test
   python3-yaml           # the GitHub Action and CI docs tests
+  make gcc               # the stand-in kernel tree of the kernel workflow test
 )
 
 install_packages() {
