@@ -212,7 +212,11 @@ const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol 
   ulplint report -p BUILD_DIR -o report.html|report.md
                                       migration report (see report --help)
 
-Exit status: 0 no new findings, 1 new findings, 2 usage, input or output
+  ulplint -p BUILD_DIR --sarif-output=ulplint.sarif [--baseline=FILE]
+                                      text in the log, SARIF for code scanning
+
+Exit status: 0 no new findings, 1 new findings (of --fail-on's severity or
+above: warning by default, notes never fail), 2 usage, input or output
 errors, or a unit that could not be analysed.
 )";
 
