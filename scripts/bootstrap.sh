@@ -34,6 +34,7 @@ packages=(
   dpkg-dev debootstrap   # .deb packages (dpkg-shlibdeps) and their clean-root install test
   python3-yaml           # the GitHub Action and CI docs tests
   make gcc               # the stand-in kernel tree of the kernel workflow test
+  lua5.4                 # the Neovim setups of docs/editors.md, against a stub API
 )
 
 install_packages() {
