@@ -12,7 +12,8 @@
 # works on an overlay of it in WORK_DIR, inside a private mount namespace,
 # so the kept root stays clean. apt-get installs the packages and resolves
 # their dependencies from Debian's archive (the LLVM 22 runtime from
-# bookworm-security); downloads are kept in ~/.cache/ulplint/apt-archives.
+# bookworm-security); downloads are kept in ~/.cache/ulplint/apt-archives
+# for the next run.
 # The build and source trees are not visible in the root. Needs root,
 # unshare, overlayfs and debootstrap.
 set -euo pipefail
@@ -68,7 +69,10 @@ root=$work/root
 mount -t overlay overlay -o "lowerdir=$rootfs,upperdir=$work/upper,workdir=$work/ovl" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
-mount --bind "$archives" "$root/var/cache/apt/archives"
+# Packages downloaded by earlier runs, copied in (not shared: apt locks its
+# archive directory, and another test run may be installing).
+cp -l "$archives"/*.deb "$root/var/cache/apt/archives/" 2>/dev/null ||
+  cp "$archives"/*.deb "$root/var/cache/apt/archives/" 2>/dev/null || true
 cp "$work/resolv.conf" "$root/etc/resolv.conf"
 mkdir -p "$root/tmp/t" "$root/tmp/debs"
 cp "$debs"/*.deb "$root/tmp/debs/"        # the Containerfile's COPY
@@ -84,5 +88,6 @@ in_root bash -e -c "$(cat "$work/run.sh")" >&2
 # A compiler, CMake and pkg-config for the regcore example.
 in_root apt-get update -qq >&2
 in_root apt-get install -y -qq --no-install-recommends g++ cmake pkg-config >&2
+cp -n "$root"/var/cache/apt/archives/*.deb "$archives/" 2>/dev/null || true
 in_root bash /tmp/t/check-installed.sh "$(realpath "$here/..")" "$debs"
 INNER
