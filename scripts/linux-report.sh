@@ -21,7 +21,8 @@ if [ ! -f "$corpus/compile_commands.json" ]; then
   LINUX_VERSION=$version "$prepare" "$corpus"
 fi
 mkdir -p "$root/docs/reports"
+# The exact version (6.12.118, not 6.12) comes from the tree's Makefile, in
+# the title and in the links, so quoted lines are the linked ones.
 "$build/tool/ulplint" report -p "$corpus" --source-root="$corpus" \
-  --title="Linux $version RDMA ULPs: memory registration migration report" \
-  --source-url="https://elixir.bootlin.com/linux/v$version/source/" \
+  --source-url="https://elixir.bootlin.com/linux/v{version}/source/" \
   -o "$root/docs/reports/linux-$version.md"

@@ -2,10 +2,14 @@
 
 #include "Cache.h"
 #include "Files.h"
+#include "ProgramFacts.h"
+#include <map>
+#include <set>
 #include "clang/Basic/Version.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Config/llvm-config.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Process.h"
@@ -169,17 +173,35 @@ bool conditionFromJson(const json::Value &V, ConditionalFinding &C,
 }
 } // namespace
 
+json::Value incompleteToJson(const IncompleteAnalysis &I) {
+  return json::Object{{"file", I.File},
+                      {"line", I.Line},
+                      {"function", I.Function},
+                      {"reason", I.Reason}};
+}
+
+bool incompleteFromJson(const json::Value &V, IncompleteAnalysis &I,
+                        json::Path P) {
+  json::ObjectMapper O(V, P);
+  return O && O.map("file", I.File) && O.map("line", I.Line) &&
+         O.map("function", I.Function) && O.map("reason", I.Reason);
+}
+
 json::Value unitToJson(const UnitResult &U) {
   json::Array Findings, Conditions;
   for (const ClangTidyError &E : U.Findings)
     Findings.push_back(errorToJson(E));
+  json::Array Incomplete;
   for (const ConditionalFinding &C : U.Facts.Conditions)
     Conditions.push_back(conditionToJson(C));
+  for (const IncompleteAnalysis &I : U.Facts.Incomplete)
+    Incomplete.push_back(incompleteToJson(I));
   return json::Object{{"file", U.File},
                       {"findings", std::move(Findings)},
                       {"parseErrors", U.ParseErrors},
                       {"facts", U.Facts.Facts},
-                      {"conditions", std::move(Conditions)}};
+                      {"conditions", std::move(Conditions)},
+                      {"incomplete", std::move(Incomplete)}};
 }
 
 bool unitFromJson(const json::Value &V, UnitResult &U, json::Path P) {
@@ -189,8 +211,15 @@ bool unitFromJson(const json::Value &V, UnitResult &U, json::Path P) {
     return false;
   const json::Array *Findings = arrayField(V, "findings", P);
   const json::Array *Conditions = arrayField(V, "conditions", P);
-  if (!Findings || !Conditions)
+  const json::Array *Incomplete = arrayField(V, "incomplete", P);
+  if (!Findings || !Conditions || !Incomplete)
     return false;
+  for (size_t I = 0; I < Incomplete->size(); ++I) {
+    IncompleteAnalysis Item;
+    if (!incompleteFromJson((*Incomplete)[I], Item, P.field("incomplete").index(I)))
+      return false;
+    U.Facts.Incomplete.push_back(std::move(Item));
+  }
   for (size_t I = 0; I < Findings->size(); ++I) {
     ClangTidyError E("", ClangTidyError::Warning, "", false);
     if (!errorFromJson((*Findings)[I], E, P.field("findings").index(I)))
@@ -323,8 +352,9 @@ unsigned ResultCache::maintain(uint64_t MaxBytes) {
         llvm::sys::fs::remove(F.Path);
       continue;
     }
-    if (!llvm::StringRef(F.Path).ends_with(".json"))
-      continue; // not ours
+    if (!llvm::StringRef(F.Path).ends_with(".json") ||
+        llvm::sys::path::filename(F.Path) == ProgramFactsFile)
+      continue; // not an entry
     Total += F.Size;
     Entries.push_back(std::move(F));
   }
@@ -427,6 +457,49 @@ void ResultCache::store(llvm::StringRef Key, const UnitResult &R,
       Path, [&](llvm::raw_ostream &OS) { OS << json::Value(std::move(Entry)); },
       Opts);
   llvm::consumeError(std::move(E));
+}
+
+} // namespace ulplint::tool
+
+namespace ulplint::tool {
+
+llvm::Error ResultCache::recordProgramFacts(llvm::ArrayRef<UnitResult> Units,
+                                            llvm::ArrayRef<std::string> Database) {
+  llvm::SmallString<256> Path(llvm::sys::path::parent_path(Root));
+  llvm::sys::path::append(Path, ProgramFactsFile);
+  std::set<llvm::StringRef> Files(Database.begin(), Database.end());
+  std::map<std::string, json::Value> Entries;
+  if (auto Old = llvm::MemoryBuffer::getFile(Path)) {
+    llvm::Expected<json::Value> V = json::parse((*Old)->getBuffer());
+    if (!V)
+      llvm::consumeError(V.takeError()); // unusable: rewritten whole
+    else if (const json::Object *O = V->getAsObject())
+      if (const json::Object *OldUnits = O->getObject("units"))
+        for (const auto &[File, Facts] : *OldUnits)
+          if (Files.count(File))
+            Entries.insert({File.str(), json::Value(Facts)});
+  }
+  for (const UnitResult &U : Units)
+    if (U.ParseErrors.empty()) {
+      std::set<std::string> Facts(U.Facts.Facts.begin(), U.Facts.Facts.end());
+      Entries.insert_or_assign(
+          U.File, json::Value(std::vector<std::string>(Facts.begin(), Facts.end())));
+    }
+  json::Object UnitsJson;
+  for (auto &[File, Facts] : Entries)
+    UnitsJson[File] = std::move(Facts);
+  WriteOptions Opts;
+  Opts.Durable = false; // rebuilt by the next run
+  Opts.RespectReadOnly = false;
+  return writeFileSafely(
+      Path,
+      [&](llvm::raw_ostream &OS) {
+        OS << llvm::formatv("{0:1}", json::Value(json::Object{
+                                         {"version", 1},
+                                         {"units", std::move(UnitsJson)}}))
+           << "\n";
+      },
+      Opts);
 }
 
 } // namespace ulplint::tool

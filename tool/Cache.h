@@ -21,6 +21,10 @@ namespace ulplint::tool {
 llvm::json::Value unitToJson(const UnitResult &U);
 bool unitFromJson(const llvm::json::Value &V, UnitResult &U,
                   llvm::json::Path P);
+/// A function whose analysis a budget cut short, as JSON and back.
+llvm::json::Value incompleteToJson(const IncompleteAnalysis &I);
+bool incompleteFromJson(const llvm::json::Value &V, IncompleteAnalysis &I,
+                        llvm::json::Path P);
 
 /// A hex digest of \p Data (xxh3, 128 bits): content identity, not security.
 std::string contentHash(llvm::StringRef Data);
@@ -63,6 +67,14 @@ public:
   /// least recently used entries until at most \p MaxBytes remain (0: no
   /// limit). Returns the number of entries removed.
   unsigned maintain(uint64_t MaxBytes);
+
+  /// Records each unit's exported facts in the cache directory's
+  /// program-facts.json (ProgramFacts.h), for the clang-tidy plugin and
+  /// ulplint-clangd: units analysed now replace their entries, entries of
+  /// other files of \p Database stay, files no longer in it go. Units that
+  /// did not parse keep their last entry.
+  llvm::Error recordProgramFacts(llvm::ArrayRef<UnitResult> Units,
+                                 llvm::ArrayRef<std::string> Database);
 
 private:
   explicit ResultCache(std::string Root) : Root(std::move(Root)) {}

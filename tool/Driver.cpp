@@ -529,6 +529,14 @@ public:
     if (Enabled && Width)
       llvm::errs() << "\r" << std::string(Width, ' ') << "\r";
   }
+  /// Clears the line so other output starts at column 0; the next unit
+  /// redraws it.
+  void clear() {
+    std::lock_guard<std::mutex> G(Lock);
+    if (Enabled && Width)
+      llvm::errs() << "\r" << std::string(Width, ' ') << "\r";
+    Width = 0;
+  }
   void unitDone(size_t NewFindings) {
     std::lock_guard<std::mutex> G(Lock);
     ++Done;
@@ -760,12 +768,24 @@ std::vector<UnitResult> analyze(const CompilationDatabase &DB,
                                 llvm::ArrayRef<std::string> Files,
                                 const RunOptions &Opts, RunStats &Stats) {
   std::vector<UnitResult> Results(Files.size());
-  std::vector<char> Reused(Files.size(), false);
+  std::vector<char> Reused(Files.size(), false), Done(Files.size(), false);
   Progress Bar(Files.size(), Opts.Progress);
+  std::mutex ReleaseLock;
+  size_t Released = 0; // units handed to OnUnitDone, in input order
+  auto Release = [&](size_t I) {
+    std::lock_guard<std::mutex> G(ReleaseLock);
+    Done[I] = true;
+    for (; Released < Files.size() && Done[Released]; ++Released) {
+      Bar.clear();
+      Opts.OnUnitDone(Results[Released]);
+    }
+  };
   auto Run = [&](size_t I) {
     bool FromCache = false;
     Results[I] = analyzeOrReuse(DB, Files[I], Opts, FromCache);
     Reused[I] = FromCache;
+    if (Opts.OnUnitDone)
+      Release(I);
     Bar.unitDone(Results[I].Findings.size());
   };
   unsigned Jobs = Opts.Jobs ? Opts.Jobs

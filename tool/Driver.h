@@ -9,6 +9,7 @@
 #include "clang-tidy/ClangTidyOptions.h"
 #include "clang/Tooling/CompilationDatabase.h"
 #include "llvm/Support/Error.h"
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 namespace ulplint::tool {
 
 class ResultCache;
+struct UnitResult;
 
 /// What the user asked ulplint to run.
 struct RunOptions {
@@ -34,6 +36,10 @@ struct RunOptions {
   /// The stack a unit is analysed on, in MiB: deeply nested code needs more
   /// than the usual 8 MiB.
   unsigned StackMiB = 64;
+  /// Called with each unit's result as soon as it and every unit before it
+  /// are done (input order, whatever -j), one call at a time; the progress
+  /// line is cleared first. Findings can be printed as units finish.
+  std::function<void(const UnitResult &)> OnUnitDone;
 };
 
 /// A file a unit read, and the hash of the content it read.

@@ -5,6 +5,10 @@
 #include "Files.h"
 #include "engine/Rules.h"
 #include "clang-tidy/ClangTidy.h"
+#include "clang/Basic/DiagnosticOptions.h"
+#include "clang/Basic/FileManager.h"
+#include "clang/Basic/SourceManager.h"
+#include "clang/Frontend/TextDiagnostic.h"
 #include "clang/Tooling/Core/Diagnostic.h"
 #include "clang/Tooling/Core/Replacement.h"
 #include "llvm/ADT/StringExtras.h"
@@ -146,39 +150,144 @@ std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units,
 
 //===-- Text --------------------------------------------------------------===//
 
-static void writeMessage(llvm::raw_ostream &OS, const std::string &File,
-                         unsigned Line, unsigned Column, llvm::StringRef Level,
-                         llvm::StringRef Message, llvm::StringRef Check) {
-  OS << File << ":" << Line << ":" << Column << ": " << Level << ": " << Message;
-  if (!Check.empty())
-    OS << " [" << Check << "]";
-  OS << "\n";
-  llvm::StringRef Text = sources().line(File, Line);
-  std::string Number = std::to_string(Line);
-  OS << llvm::right_justify(Number, 5) << " | " << Text << "\n";
-  OS << "      | ";
-  for (unsigned I = 1; I < Column && I <= Text.size(); ++I)
-    OS << (Text[I - 1] == '\t' ? '\t' : ' ');
-  OS << "^\n";
+std::vector<IncompleteAnalysis>
+collectIncomplete(llvm::ArrayRef<UnitResult> Units) {
+  std::vector<IncompleteAnalysis> Out;
+  std::set<std::tuple<std::string, unsigned, std::string>> Seen;
+  for (const UnitResult &U : Units)
+    for (const IncompleteAnalysis &I : U.Facts.Incomplete)
+      if (Seen.insert({I.File, I.Line, I.Function}).second)
+        Out.push_back(I);
+  return Out;
 }
 
-void writeText(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings) {
-  for (const Finding &F : Findings) {
-    if (F.BaselineState == "unchanged")
-      continue;
-    const ClangTidyError &E = *F.Error;
-    writeMessage(OS, F.File, F.Line, F.Column, "warning", E.Message.Message,
-                 E.DiagnosticName);
-    for (const auto &Note : E.Notes) {
-      if (Note.FilePath.empty()) { // e.g. "this fix will not be applied"
-        OS << "note: " << Note.Message << "\n";
-        continue;
-      }
-      std::string File = absolutePath(Note.FilePath, E.BuildDirectory);
-      auto [Line, Column] = sources().lineColumn(File, Note.FileOffset);
-      writeMessage(OS, File, Line, Column, "note", Note.Message, "");
-    }
+std::string incompleteMessage(const IncompleteAnalysis &I) {
+  return "analysis incomplete in " + I.Function + ": " + I.Reason +
+         "; findings there may be missing";
+}
+
+int severityRank(llvm::StringRef Severity) {
+  return Severity == "error" ? 2 : Severity == "warning" ? 1 : 0;
+}
+
+static clang::DiagnosticsEngine::Level levelOf(llvm::StringRef Severity) {
+  if (Severity == "error")
+    return clang::DiagnosticsEngine::Error;
+  return Severity == "note" ? clang::DiagnosticsEngine::Note
+                            : clang::DiagnosticsEngine::Warning;
+}
+
+/// The renderer with a source manager of its own over the real files, as
+/// clang-tidy's ErrorReporter has.
+struct TextPrinter::Impl {
+  Impl(llvm::raw_ostream &OS, bool Color)
+      : Files(clang::FileSystemOptions(), llvm::vfs::getRealFileSystem()),
+        Diags(clang::DiagnosticIDs::create(), DiagOpts,
+              new clang::IgnoringDiagConsumer()),
+        SM(Diags, Files) {
+    DiagOpts.ShowColors = Color;
+    if (Color)
+      OS.enable_colors(true);
+    Renderer = std::make_unique<clang::TextDiagnostic>(OS, LangOpts, DiagOpts);
   }
+
+  clang::SourceLocation location(llvm::StringRef Path, unsigned Offset) {
+    if (Path.empty())
+      return {};
+    llvm::Expected<clang::FileEntryRef> File = Files.getFileRef(Path);
+    if (!File) {
+      llvm::consumeError(File.takeError());
+      return {};
+    }
+    clang::FileID ID = SM.getOrCreateFileID(*File, clang::SrcMgr::C_User);
+    return SM.getLocForStartOfFile(ID).getLocWithOffset(Offset);
+  }
+  clang::CharSourceRange range(llvm::StringRef Path, unsigned Offset,
+                               unsigned Length) {
+    clang::SourceLocation Begin = location(Path, Offset);
+    if (Begin.isInvalid())
+      return {};
+    return clang::CharSourceRange::getCharRange(Begin,
+                                                Begin.getLocWithOffset(Length));
+  }
+
+  /// One message with its ranges and the fix-its in its own file.
+  void emit(const clang::tooling::DiagnosticMessage &M, llvm::StringRef BuildDir,
+            clang::DiagnosticsEngine::Level Level, llvm::StringRef Text) {
+    std::string File = absolutePath(M.FilePath, BuildDir);
+    clang::SourceLocation Loc = location(File, M.FileOffset);
+    llvm::SmallVector<clang::CharSourceRange, 4> Ranges;
+    for (const clang::tooling::FileByteRange &R : M.Ranges)
+      if (clang::CharSourceRange CR = range(absolutePath(R.FilePath, BuildDir),
+                                            R.FileOffset, R.Length);
+          CR.isValid())
+        Ranges.push_back(CR);
+    llvm::SmallVector<clang::FixItHint, 4> Hints;
+    for (const auto &[FixFile, Reps] : M.Fix)
+      for (const clang::tooling::Replacement &R : Reps)
+        if (absolutePath(FixFile, BuildDir) == File)
+          if (clang::CharSourceRange CR = range(File, R.getOffset(), R.getLength());
+              CR.isValid())
+            Hints.push_back(clang::FixItHint::CreateReplacement(
+                CR, R.getReplacementText()));
+    if (Loc.isInvalid()) { // e.g. "this fix will not be applied"
+      Renderer->emitDiagnostic(clang::FullSourceLoc(), Level, Text, {}, {});
+      return;
+    }
+    Renderer->emitDiagnostic(clang::FullSourceLoc(Loc, SM), Level, Text, Ranges,
+                             Hints);
+  }
+
+  clang::DiagnosticOptions DiagOpts;
+  clang::LangOptions LangOpts;
+  clang::FileManager Files;
+  clang::DiagnosticsEngine Diags;
+  clang::SourceManager SM;
+  std::unique_ptr<clang::TextDiagnostic> Renderer;
+  std::set<std::tuple<std::string, std::string, unsigned, std::string>> Printed;
+  std::set<std::tuple<std::string, unsigned, std::string>> PrintedIncomplete;
+};
+
+TextPrinter::TextPrinter(llvm::raw_ostream &OS, bool Color)
+    : P(std::make_unique<Impl>(OS, Color)) {}
+TextPrinter::~TextPrinter() = default;
+
+void TextPrinter::print(const Finding &F) {
+  const ClangTidyError &E = *F.Error;
+  if (F.BaselineState == "unchanged" ||
+      !P->Printed
+           .insert({E.DiagnosticName, F.File, E.Message.FileOffset,
+                    E.Message.Message})
+           .second)
+    return;
+  P->emit(E.Message, E.BuildDirectory, levelOf(F.Severity),
+          E.Message.Message + " [" + E.DiagnosticName + "]");
+  for (const auto &Note : E.Notes)
+    P->emit(Note, E.BuildDirectory, clang::DiagnosticsEngine::Note, Note.Message);
+}
+
+void TextPrinter::print(const IncompleteAnalysis &I) {
+  if (!P->PrintedIncomplete.insert({I.File, I.Line, I.Function}).second)
+    return;
+  clang::SourceLocation Loc;
+  if (clang::SourceLocation Start = P->location(I.File, 0); Start.isValid())
+    Loc = P->SM.translateLineCol(P->SM.getFileID(Start), I.Line, 1);
+  // The place without its source line: the function is the subject.
+  bool Snippet = P->DiagOpts.ShowCarets;
+  P->DiagOpts.ShowCarets = false;
+  P->Renderer->emitDiagnostic(
+      Loc.isValid() ? clang::FullSourceLoc(Loc, P->SM) : clang::FullSourceLoc(),
+      clang::DiagnosticsEngine::Note, incompleteMessage(I), {}, {});
+  P->DiagOpts.ShowCarets = Snippet;
+}
+
+void writeText(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
+               llvm::ArrayRef<UnitResult> Units, bool Color) {
+  TextPrinter Printer(OS, Color);
+  for (const Finding &F : Findings)
+    Printer.print(F);
+  for (const IncompleteAnalysis &I : collectIncomplete(Units))
+    Printer.print(I);
 }
 
 //===-- JSON and SARIF ----------------------------------------------------===//
@@ -212,6 +321,17 @@ json::Array fixedToJson(llvm::ArrayRef<BaselineEntry> Fixed) {
                                {"file", B.File},
                                {"line", B.Line},
                                {"fingerprint", B.Fingerprint}});
+  return Out;
+}
+
+json::Array incompleteToJsonOutput(llvm::ArrayRef<UnitResult> Units,
+                                   llvm::StringRef SourceRoot) {
+  json::Array Out;
+  for (const IncompleteAnalysis &I : collectIncomplete(Units))
+    Out.push_back(json::Object{{"file", relativeTo(I.File, SourceRoot)},
+                               {"line", I.Line},
+                               {"function", I.Function},
+                               {"reason", I.Reason}});
   return Out;
 }
 
@@ -272,6 +392,7 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                     {"version", ULPLINT_VERSION},
                     {"findings", std::move(Items)},
                     {"errors", unitErrors(Units, Opts.SourceRoot)},
+                    {"incomplete", incompleteToJsonOutput(Units, Opts.SourceRoot)},
                     {"units", static_cast<int64_t>(Units.size())}};
   if (Opts.Baseline)
     Root["fixed"] = fixedToJson(Opts.Fixed);
@@ -424,11 +545,20 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
     Results.push_back(std::move(Result));
   }
   json::Array Notifications;
+  bool Failed = false;
   for (const UnitResult &U : Units)
-    for (const std::string &Msg : U.ParseErrors)
+    for (const std::string &Msg : U.ParseErrors) {
+      Failed = true;
       Notifications.push_back(json::Object{
           {"level", "error"},
           {"message", json::Object{{"text", U.File + ": " + Msg}}}});
+    }
+  // Incomplete analyses are notes about the run, not results.
+  for (const IncompleteAnalysis &I : collectIncomplete(Units))
+    Notifications.push_back(json::Object{
+        {"level", "note"},
+        {"message", json::Object{{"text", incompleteMessage(I)}}},
+        {"locations", json::Array{sarifLocation(I.File, I.Line, 1, Opts)}}});
   std::string Root = Opts.SourceRoot;
   if (!Root.empty() && Root.back() != '/')
     Root += '/';
@@ -442,7 +572,7 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
        json::Object{{"SRCROOT", json::Object{{"uri", "file://" + uriPath(Root)}}}}},
       {"invocations",
        json::Array{json::Object{
-           {"executionSuccessful", Notifications.empty()},
+           {"executionSuccessful", !Failed},
            {"toolExecutionNotifications", std::move(Notifications)}}}},
       {"results", std::move(Results)}};
   // Fixed findings are not results with baselineState "absent": GitHub code
@@ -459,6 +589,29 @@ void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
       {"version", "2.1.0"},
       {"runs", json::Array{std::move(Run)}}};
   OS << llvm::formatv("{0:2}", json::Value(std::move(Log))) << "\n";
+}
+
+void writeCodeClimate(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
+                      const OutputOptions &Opts) {
+  // GitLab's MR widget compares fingerprints with the target branch's
+  // report itself, so every finding goes in, as in SARIF.
+  json::Array Issues;
+  for (const Finding &F : Findings) {
+    llvm::StringRef Severity = F.Severity == "error"     ? "critical"
+                               : F.Severity == "warning" ? "major"
+                                                         : "info";
+    Issues.push_back(json::Object{
+        {"type", "issue"},
+        {"check_name", F.Error->DiagnosticName},
+        {"description", F.Error->Message.Message},
+        {"categories", json::Array{"Bug Risk"}},
+        {"severity", Severity},
+        {"fingerprint", F.Fingerprint},
+        {"location",
+         json::Object{{"path", relativeTo(F.File, Opts.SourceRoot)},
+                      {"lines", json::Object{{"begin", F.Line}}}}}});
+  }
+  OS << llvm::formatv("{0:2}", json::Value(std::move(Issues))) << "\n";
 }
 
 //===-- Fixes -------------------------------------------------------------===//

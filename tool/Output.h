@@ -64,8 +64,43 @@ struct OutputOptions {
   std::optional<llvm::json::Value> Shard;
 };
 
-/// Text shows the findings a baseline does not hold.
-void writeText(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings);
+/// The functions whose analysis a budget cut short, each once, in unit
+/// order: findings may be missing there.
+std::vector<IncompleteAnalysis>
+collectIncomplete(llvm::ArrayRef<UnitResult> Units);
+
+/// "analysis incomplete in F: reason", as every format words it.
+std::string incompleteMessage(const IncompleteAnalysis &I);
+
+/// The rank of a catalog severity for --fail-on: note 0, warning 1, error 2.
+int severityRank(llvm::StringRef Severity);
+
+/// Text in clang-tidy's shape, printed by clang's own diagnostic renderer
+/// (TextDiagnostic, as clang-tidy's handleErrors prints): the catalog's
+/// severity, the source line with the range underlined, fix-it lines, the
+/// notes, and colours when asked. Each finding and incomplete analysis is
+/// printed once, however often it is handed over, so units can be printed
+/// as they finish and the rest at the end.
+class TextPrinter {
+public:
+  TextPrinter(llvm::raw_ostream &OS, bool Color);
+  ~TextPrinter();
+  /// Prints \p F unless it was printed or a baseline holds it.
+  void print(const Finding &F);
+  void print(const IncompleteAnalysis &I);
+
+private:
+  struct Impl;
+  std::unique_ptr<Impl> P;
+};
+
+/// Text shows the findings a baseline does not hold, and where the analysis
+/// was incomplete.
+void writeText(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
+               llvm::ArrayRef<UnitResult> Units, bool Color);
+/// GitLab Code Quality (a Code Climate subset): an array of issues.
+void writeCodeClimate(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
+                      const OutputOptions &Opts);
 void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                llvm::ArrayRef<UnitResult> Units, const OutputOptions &Opts);
 void writeSarif(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,

@@ -39,15 +39,17 @@ cl::opt<std::string> SourceRoot("source-root",
                                          "(default: the deepest directory holding every source)"),
                                 cl::sub(ReportCommand), cl::cat(Category));
 cl::opt<std::string> SourceUrl("source-url",
-                               cl::desc("Link sites to URL + path + '#L' + line (e.g. "
-                                        "https://elixir.bootlin.com/linux/v6.12/source/); "
+                               cl::desc("Link sites to URL + path + '#L' + line; {version} "
+                                        "is the kernel tree's version from its Makefile (e.g. "
+                                        "https://elixir.bootlin.com/linux/v{version}/source/); "
                                         "default: relative file links"),
                                cl::sub(ReportCommand), cl::cat(Category));
 cl::opt<std::string> UlpMapFile("ulp-map",
                                 cl::desc("YAML list of {name, path} (path: a regex on the "
                                          "relative path) naming this project's ULPs"),
                                 cl::sub(ReportCommand), cl::cat(Category));
-cl::opt<std::string> Title("title", cl::desc("Title of the report"),
+cl::opt<std::string> Title("title", cl::desc("Title of the report (default: with the "
+                                            "kernel version for a Linux tree)"),
                            cl::init("Memory registration migration report"),
                            cl::sub(ReportCommand), cl::cat(Category));
 cl::opt<unsigned> Jobs("j", cl::desc("Translation units analysed in parallel (default: all cores)"),
@@ -205,10 +207,10 @@ std::vector<Ulp> buildModel(ArrayRef<UnitResult> Units,
   return Out;
 }
 
+/// A site's link: into --source-url, else to the file relative to the
+/// report; "#L<line>" either way (GitHub, GitLab and elixir jump there).
 std::string link(const ReportOptions &Opts, StringRef RelFile, unsigned Line) {
-  if (!Opts.SourceUrl.empty())
-    return Opts.SourceUrl + RelFile.str() + "#L" + std::to_string(Line);
-  return RelFile.str();
+  return Opts.SourceUrl + RelFile.str() + "#L" + std::to_string(Line);
 }
 
 std::string coreSummary(const Ulp &U) {
@@ -316,7 +318,12 @@ void writeHtml(raw_ostream &OS, ArrayRef<Ulp> Ulps, const ReportOptions &Opts,
      << ".chart text{font-size:12px;font-family:sans-serif}\n"
      << ".hand-managed{color:#b00}.partly{color:#a60}.core-managed{color:#070}\n"
      << "</style>\n</head>\n<body>\n<h1>" << esc(Opts.Title) << "</h1>\n";
-  OS << "<p>" << NumUnits << " translation units analysed by ulplint; paths "
+  OS << "<p>";
+  if (!Opts.KernelVersion.empty())
+    OS << "Linux " << esc(Opts.KernelVersion)
+       << " (VERSION, PATCHLEVEL, SUBLEVEL and EXTRAVERSION of the tree's "
+          "Makefile). ";
+  OS << NumUnits << " translation units analysed by ulplint; paths "
      << "relative to <code>" << esc(Opts.SourceRoot) << "</code>. A "
      << "<em>site</em> is a place where the ULP allocates, maps, registers or "
         "invalidates memory, sizes its send queue for that, or handles a "
@@ -427,8 +434,12 @@ std::string siteLine(const Site &S) {
 void writeMarkdown(raw_ostream &OS, ArrayRef<Ulp> Ulps,
                    const ReportOptions &Opts, unsigned NumUnits) {
   const UlpMap &M = Rules::embedded().ulps();
-  OS << "# " << Opts.Title << "\n\n"
-     << NumUnits << " translation units analysed by ulplint. A *site* is a "
+  OS << "# " << Opts.Title << "\n\n";
+  if (!Opts.KernelVersion.empty())
+    OS << "Linux " << Opts.KernelVersion
+       << " (VERSION, PATCHLEVEL, SUBLEVEL and EXTRAVERSION of the tree's "
+          "Makefile). ";
+  OS << NumUnits << " translation units analysed by ulplint. A *site* is a "
         "place where the ULP allocates, maps, registers or invalidates "
         "memory, sizes its send queue for that, or handles a remote "
         "invalidation itself; *core-managed* sites already use rdma_rw or "
@@ -506,6 +517,33 @@ Expected<std::vector<UlpPattern>> readUlpMap(StringRef Path) {
   return Out;
 }
 
+/// The version of the Linux tree at \p Root, as its tags spell it (6.12,
+/// 6.12.118, 6.13-rc3), from VERSION, PATCHLEVEL, SUBLEVEL and
+/// EXTRAVERSION of its Makefile; empty when \p Root is not a kernel tree.
+std::string kernelVersion(StringRef Root) {
+  SmallString<256> Path(Root);
+  sys::path::append(Path, "Makefile");
+  auto Buffer = MemoryBuffer::getFile(Path);
+  if (!Buffer)
+    return "";
+  std::map<std::string, std::string> Vars;
+  SmallVector<StringRef, 16> Lines;
+  (*Buffer)->getBuffer().take_front(4096).split(Lines, '\n');
+  for (StringRef L : Lines) {
+    auto [Name, Value] = L.split('=');
+    Name = Name.trim();
+    if (Name == "VERSION" || Name == "PATCHLEVEL" || Name == "SUBLEVEL" ||
+        Name == "EXTRAVERSION")
+      Vars.emplace(Name.str(), Value.trim().str());
+  }
+  const std::string &V = Vars["VERSION"], &P = Vars["PATCHLEVEL"],
+                    &S = Vars["SUBLEVEL"];
+  if (V.empty() || P.empty() || !llvm::all_of(V + P + S, [](char C) { return isDigit(C); }))
+    return "";
+  return V + "." + P + (S.empty() || S == "0" ? "" : "." + S) +
+         Vars["EXTRAVERSION"];
+}
+
 /// The deepest directory that holds every file.
 std::string commonDirectory(ArrayRef<std::string> Files) {
   StringRef Common = sys::path::parent_path(Files.front());
@@ -560,6 +598,17 @@ int runReport() {
   sys::fs::make_absolute(Root);
   sys::path::remove_dots(Root, true);
   Opts.SourceRoot = std::string(Root);
+  // A Linux tree names its version: in the title, and in links to
+  // sources of exactly that version.
+  Opts.KernelVersion = kernelVersion(Opts.SourceRoot);
+  if (!Opts.KernelVersion.empty() && !Title.getNumOccurrences())
+    Opts.Title = "Linux " + Opts.KernelVersion + ": " + Opts.Title;
+  if (size_t At = Opts.SourceUrl.find("{version}"); At != std::string::npos) {
+    if (Opts.KernelVersion.empty())
+      return fail("--source-url names {version}, but '" + Opts.SourceRoot +
+                  "' has no kernel Makefile with VERSION and PATCHLEVEL");
+    Opts.SourceUrl.replace(At, 9, Opts.KernelVersion);
+  }
 
   RunOptions Run;
   Run.Checks = "rdma-*";

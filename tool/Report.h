@@ -26,6 +26,7 @@ struct ReportOptions {
   std::string Format = "html"; // html | md
   std::string SourceRoot;      // paths in the report are relative to it
   std::string SourceUrl;       // links: SourceUrl + relative path + "#L" + line
+  std::string KernelVersion;   // of a Linux tree (its Makefile), or empty
   std::string Title = "Memory registration migration report";
   std::vector<UlpPattern> ExtraUlps; // --ulp-map, before rules/ulps.yaml
 };

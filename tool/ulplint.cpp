@@ -17,6 +17,9 @@
 #include "Worker.h"
 #include "engine/Rules.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include <array>
+#include <map>
 #include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
@@ -83,9 +86,27 @@ cl::opt<std::string> ConfigFile("config-file",
 cl::opt<unsigned> Jobs("j", cl::desc("Translation units analysed in parallel "
                                      "(default: all cores)"),
                        cl::Prefix, cl::init(0), cl::cat(Category));
-cl::opt<std::string> Format("format",
-                            cl::desc("Output format: text, json or sarif"),
-                            cl::init("text"), ULPLINT_SHARED, cl::cat(Category));
+cl::opt<std::string> Format(
+    "format",
+    cl::desc("Output format: text, json, sarif or codeclimate (GitLab Code "
+             "Quality)"),
+    cl::init("text"), ULPLINT_SHARED, cl::cat(Category));
+cl::opt<std::string> SarifOutput(
+    "sarif-output",
+    cl::desc("Also write SARIF to this file, next to the --format output "
+             "(e.g. text in the log and SARIF for code scanning)"),
+    cl::value_desc("file"), ULPLINT_SHARED, cl::cat(Category));
+cl::opt<std::string> FailOn(
+    "fail-on",
+    cl::desc("Lowest severity of a new finding that makes the exit status 1: "
+             "error, warning or note (default: warning; notes are advice)"),
+    cl::value_desc("severity"), cl::init("warning"), ULPLINT_SHARED,
+    cl::cat(Category));
+cl::opt<bool> UseColor(
+    "use-color",
+    cl::desc("Colours in the text output (default: when standard output is "
+             "a terminal that has them); --use-color=false turns them off"),
+    ULPLINT_SHARED, cl::cat(Category));
 cl::opt<std::string> OutputFile("o", cl::desc("Write findings to this file"),
                                 cl::value_desc("file"), ULPLINT_SHARED,
                                 cl::cat(Category));
@@ -191,7 +212,11 @@ const char *Overview = R"(ulplint: static analysis of RDMA upper-layer-protocol 
   ulplint report -p BUILD_DIR -o report.html|report.md
                                       migration report (see report --help)
 
-Exit status: 0 no new findings, 1 new findings, 2 usage, input or output
+  ulplint -p BUILD_DIR --sarif-output=ulplint.sarif [--baseline=FILE]
+                                      text in the log, SARIF for code scanning
+
+Exit status: 0 no new findings, 1 new findings (of --fail-on's severity or
+above: warning by default, notes never fail), 2 usage, input or output
 errors, or a unit that could not be analysed.
 )";
 
@@ -232,6 +257,23 @@ int listChecks() {
   return 0;
 }
 
+#include "EmbeddedCheckDocs.inc"
+
+/// The "## Example..." section of the check's page, without its heading.
+StringRef checkPageExamples(StringRef Name) {
+  for (const auto &Doc : EmbeddedCheckDocs) {
+    if (Name != Doc.Check)
+      continue;
+    StringRef Text = Doc.Text;
+    size_t Start = Text.find("\n## Example");
+    if (Start == StringRef::npos)
+      return "";
+    Text = Text.drop_front(Start + 1).split('\n').second;
+    return Text.take_front(Text.find("\n## ")).trim();
+  }
+  return "";
+}
+
 int explain(StringRef Name) {
   const RuleInfo *Info = Rules::embedded().rule(Name);
   if (!Info)
@@ -242,6 +284,8 @@ int explain(StringRef Name) {
          << "  documentation: " << Info->Doc << "\n\n"
          << Info->Summary << "\n\nWhy:\n" << Info->Rationale << "\nFix:\n"
          << Info->Fix;
+  if (StringRef Examples = checkPageExamples(Name); !Examples.empty())
+    outs() << "\nExamples (" << Info->Doc << "):\n\n" << Examples << "\n";
   return 0;
 }
 
@@ -334,6 +378,29 @@ std::unique_ptr<ResultCache> openCache(const char *Argv0) {
   return std::move(*Cache);
 }
 
+/// Every file of the program: the database's, though only some are named.
+std::vector<std::string>
+programFiles(const clang::tooling::CompilationDatabase &DB,
+             ArrayRef<std::string> Named) {
+  if (auto All = databaseFiles(DB))
+    return std::move(*All);
+  else
+    consumeError(All.takeError()); // '-- flags': the named files are all
+  return Named.vec();
+}
+
+/// The facts the clang-tidy plugin and ulplint-clangd read (ProgramFacts.h);
+/// failing to record them costs only their settling, so it is a warning.
+void recordProgramFacts(ResultCache &Cache, ArrayRef<UnitResult> Units,
+                        ArrayRef<std::string> Database) {
+  Error E = Cache.recordProgramFacts(Units, Database);
+  if (E && !Quiet)
+    WithColor::warning(errs(), "ulplint")
+        << "facts for the clang-tidy plugin not recorded: "
+        << toString(std::move(E)) << "\n";
+  consumeError(std::move(E));
+}
+
 /// --print-commands: what clang parses, for comparing with clang itself.
 void printCommands(const clang::tooling::CompilationDatabase &DB,
                    ArrayRef<std::string> Files, const RunOptions &Run) {
@@ -347,18 +414,104 @@ void printCommands(const clang::tooling::CompilationDatabase &DB,
   outs() << formatv("{0:2}", json::Value(std::move(Out))) << "\n";
 }
 
-/// Writes the findings to -o (safely) or standard output.
-Error writeOutput(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
-                  const OutputOptions &Opts) {
-  return writeFileSafely(OutputFile.empty() ? "-" : StringRef(OutputFile),
-                         [&](raw_ostream &OS) {
-                           if (Format == "json")
-                             writeJson(OS, Findings, Units, Opts);
-                           else if (Format == "sarif")
-                             writeSarif(OS, Findings, Units, Opts);
-                           else
-                             writeText(OS, Findings);
-                         });
+/// Colours in the text: --use-color, else when standard output is a
+/// terminal that has them (as clang-tidy decides).
+bool textColor() {
+  if (UseColor.getNumOccurrences())
+    return UseColor;
+  return OutputFile.empty() && sys::Process::StandardOutHasColors();
+}
+
+/// Text goes to standard output as units finish, unless it goes to a file
+/// (replaced whole) or a baseline decides what is new (which needs every
+/// finding first).
+bool streamText() {
+  return Format == "text" && OutputFile.empty() && Baseline.empty() &&
+         !MergeCommand;
+}
+
+/// The printer of streamed text, which the end of the run completes.
+std::unique_ptr<TextPrinter> Streamer;
+
+/// Prints what \p U found that no other unit can settle away: findings
+/// with a condition on the program wait for the end of the run.
+void streamUnit(const UnitResult &U, StringRef Root) {
+  for (const Finding &F : collectFindings(ArrayRef(U), Root)) {
+    const clang::tidy::ClangTidyError &E = *F.Error;
+    bool Conditional = llvm::any_of(U.Facts.Conditions, [&](const ConditionalFinding &C) {
+      return C.Check == E.DiagnosticName && C.File == E.Message.FilePath &&
+             C.Offset == E.Message.FileOffset;
+    });
+    if (!Conditional)
+      Streamer->print(F);
+  }
+  for (const IncompleteAnalysis &I : U.Facts.Incomplete)
+    Streamer->print(I);
+  outs().flush();
+}
+
+void writeFormat(raw_ostream &OS, StringRef Fmt, ArrayRef<Finding> Findings,
+                 ArrayRef<UnitResult> Units, const OutputOptions &Opts) {
+  if (Fmt == "json")
+    writeJson(OS, Findings, Units, Opts);
+  else if (Fmt == "sarif")
+    writeSarif(OS, Findings, Units, Opts);
+  else if (Fmt == "codeclimate")
+    writeCodeClimate(OS, Findings, Opts);
+  else
+    writeText(OS, Findings, Units, textColor());
+}
+
+/// Writes the findings to -o (safely) or standard output, and SARIF to
+/// --sarif-output.
+Error writeOutputs(ArrayRef<Finding> Findings, ArrayRef<UnitResult> Units,
+                   const OutputOptions &Opts) {
+  Error E = Error::success();
+  if (Streamer) { // text on standard output: the rest of it
+    for (const Finding &F : Findings)
+      Streamer->print(F);
+    for (const IncompleteAnalysis &I : collectIncomplete(Units))
+      Streamer->print(I);
+  } else {
+    E = writeFileSafely(OutputFile.empty() ? "-" : StringRef(OutputFile),
+                        [&](raw_ostream &OS) {
+                          writeFormat(OS, Format, Findings, Units, Opts);
+                        });
+  }
+  if (SarifOutput.empty())
+    return E;
+  Error Sarif = writeFileSafely(SarifOutput, [&](raw_ostream &OS) {
+    writeSarif(OS, Findings, Units, Opts);
+  });
+  return joinErrors(std::move(E), std::move(Sarif));
+}
+
+/// The findings shown (new ones, with a baseline) per check and severity.
+void printSummaryTable(ArrayRef<Finding> Findings) {
+  std::map<std::string, std::array<unsigned, 3>> Counts; // note, warning, error
+  std::array<unsigned, 3> Total{};
+  for (const Finding &F : Findings) {
+    if (F.BaselineState == "unchanged")
+      continue;
+    int Rank = severityRank(F.Severity);
+    ++Counts[F.Error->DiagnosticName][Rank];
+    ++Total[Rank];
+  }
+  if (Counts.empty())
+    return;
+  size_t Width = 5;
+  for (const auto &[Check, C] : Counts)
+    Width = std::max(Width, Check.size());
+  auto Row = [&](StringRef Name, const std::array<unsigned, 3> &C) {
+    errs() << "  " << left_justify(Name, Width) << formatv("{0,7}{1,9}{2,6}\n",
+                                                         C[2], C[1], C[0]);
+  };
+  errs() << "ulplint: " << (Baseline.empty() ? "findings" : "new findings")
+         << " by check and severity:\n  " << left_justify("check", Width)
+         << formatv("{0,7}{1,9}{2,6}\n", "error", "warning", "note");
+  for (const auto &[Check, C] : Counts)
+    Row(Check, C);
+  Row("total", Total);
 }
 
 /// What --write-baseline keeps of the old baseline: the findings of units
@@ -443,7 +596,7 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
       WithColor::error(errs(), "ulplint") << toString(std::move(E)) << "\n";
     }
   };
-  Report(writeOutput(Findings, Units, Opts));
+  Report(writeOutputs(Findings, Units, Opts));
   if (!WriteBaseline.empty())
     Report(writeBaseline(WriteBaseline, Findings, Opts.SourceRoot,
                          keptBaseline(Opts, NotAnalysed)));
@@ -454,6 +607,8 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
   if (Fix || FixErrors)
     IOFailed |= fix(Findings);
 
+  if (!Quiet)
+    printSummaryTable(Findings);
   unsigned Broken = reportBrokenUnits(Units, "ulplint");
   if (!Quiet) {
     if (Opts.Baseline)
@@ -465,8 +620,11 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
   }
   if (Broken || IOFailed)
     return 2;
-  bool AnyNew = llvm::any_of(
-      Findings, [](const Finding &F) { return F.BaselineState != "unchanged"; });
+  int Threshold = severityRank(FailOn);
+  bool AnyNew = llvm::any_of(Findings, [&](const Finding &F) {
+    return F.BaselineState != "unchanged" &&
+           severityRank(F.Severity) >= Threshold;
+  });
   return AnyNew && WriteBaseline.empty() ? 1 : 0;
 }
 
@@ -564,11 +722,19 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   std::unique_ptr<ResultCache> Cache = openCache(Argv0);
   Run.Cache = Cache.get();
 
+  if (streamText()) {
+    Streamer = std::make_unique<TextPrinter>(outs(), textColor());
+    Run.OnUnitDone = [Root = sourceRoot()](const UnitResult &U) {
+      streamUnit(U, Root);
+    };
+  }
   RunStats Stats;
   std::vector<UnitResult> Units = analyze(**DB, *Files, Run, Stats);
   if (Cache && !Quiet)
     errs() << "ulplint: " << Units.size() << " unit(s): " << Stats.Analysed
            << " analysed, " << Stats.FromCache << " from the cache\n";
+  if (Cache)
+    recordProgramFacts(*Cache, Units, programFiles(**DB, *AllFiles));
   if (Cache)
     if (unsigned Pruned = Cache->maintain(*MaxCache); Pruned && !Quiet)
       errs() << "ulplint: cache: " << Pruned
@@ -588,6 +754,7 @@ static int run(int argc, const char **argv);
 int main(int argc, const char **argv) {
   InitLLVM X(argc, argv);
   int Rc = run(argc, argv);
+  Streamer.reset(); // before standard output goes at exit
   // A failed standard output is an I/O error, whatever the findings.
   if (Error E = flushStandardOutput()) {
     WithColor::error(errs(), "ulplint") << toString(std::move(E)) << "\n";
@@ -634,9 +801,12 @@ static int run(int argc, const char **argv) {
     return listChecks();
   if (!Explain.empty())
     return explain(Explain);
-  if (Format != "text" && Format != "json" && Format != "sarif")
+  if (!is_contained({"text", "json", "sarif", "codeclimate"}, Format))
     return usageError("unknown --format '" + Format +
-                      "' (expected text, json or sarif)");
+                      "' (expected text, json, sarif or codeclimate)");
+  if (!is_contained({"error", "warning", "note"}, FailOn))
+    return usageError("unknown --fail-on '" + FailOn +
+                      "' (expected error, warning or note)");
   if (FixNotes && !Fix && !FixErrors)
     return usageError("--fix-notes needs --fix");
   if (!FixedError.empty())

@@ -1,0 +1,20 @@
+# Writes OUT: a C++ fragment with the check pages (docs/checks/*.md) as raw
+# strings, so `ulplint --explain` shows their examples with no files beside
+# the binary. Inputs: DIR (docs/checks).
+file(GLOB pages RELATIVE ${DIR} ${DIR}/*.md)
+list(SORT pages)
+set(body "// Generated from docs/checks by cmake/EmbedDocs.cmake. Do not edit.\n")
+string(APPEND body "static const struct { const char *Check, *Text; } EmbeddedCheckDocs[] = {\n")
+foreach(page ${pages})
+  file(READ ${DIR}/${page} text)
+  string(FIND "${text}" ")ulplint_doc\"" clash)
+  if(NOT clash EQUAL -1)
+    message(FATAL_ERROR "${page} contains the raw-string delimiter")
+  endif()
+  string(REGEX REPLACE "\\.md$" "" check "${page}")
+  string(APPEND body "  {\"${check}\", R\"ulplint_doc(${text})ulplint_doc\"},\n")
+endforeach()
+string(APPEND body "};\n")
+file(WRITE ${OUT}.tmp "${body}")
+file(COPY_FILE ${OUT}.tmp ${OUT} ONLY_IF_DIFFERENT)
+file(REMOVE ${OUT}.tmp)
