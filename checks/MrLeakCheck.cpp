@@ -14,7 +14,11 @@ static std::string handleWord(const LifeEvent *Produced) {
 
 void MrLeakCheck::run(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
+  std::set<std::pair<unsigned, SlotKey>> Reported; // one finding per place
   for (const LifeIncident &I : L.incidents()) {
+    if ((I.K == LifeIncident::LeakAtReturn || I.K == LifeIncident::LeakOverwrite) &&
+        !Reported.insert({I.loc().getRawEncoding(), I.Slot}).second)
+      continue;
     std::string What = handleWord(I.Produced);
     std::string From = I.Produced ? " from '" + I.Produced->What + "'" : "";
     if (I.K == LifeIncident::LeakAtReturn) {

@@ -9,7 +9,7 @@ import lit.formats
 config.name = "ulplint"
 config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".c", ".cpp", ".test"]
-config.excludes = ["Inputs", "example", "bench", "check_ulplint.py", "expect_exit.py", "validate_json.py", "lsp"]
+config.excludes = ["Inputs", "example", "bench", "check_ulplint.py", "expect_exit.py", "validate_json.py", "lsp", "accuracy", "fuzz"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.ulplint_obj_root, "testsuite")
 

@@ -8,6 +8,10 @@ static thread_local UnitFacts *Current = nullptr;
 
 UnitFacts *currentFacts() { return Current; }
 
+static ProgramFactsProvider Provider = nullptr;
+void setProgramFactsProvider(ProgramFactsProvider P) { Provider = P; }
+ProgramFactsProvider programFactsProvider() { return Provider; }
+
 FactScope::FactScope(UnitFacts *Sink) : Saved(Current) { Current = Sink; }
 FactScope::~FactScope() { Current = Saved; }
 

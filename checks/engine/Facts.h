@@ -18,6 +18,7 @@
 #define ULPLINT_ENGINE_FACTS_H
 
 #include "llvm/ADT/StringRef.h"
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,17 @@ struct UnitFacts {
 
 /// The sink of the unit analysed on this thread, or null (plugin, clangd).
 UnitFacts *currentFacts();
+
+/// For hosts that see one unit (the clang-tidy plugin, ulplint-clangd): the
+/// facts the other units of the program exported in the last ulplint run,
+/// or nullopt when there are none to be found. tool/PluginFacts.cpp sets it
+/// to tool/ProgramFacts.cpp's reader; ulplint itself installs sinks and
+/// never asks.
+using ProgramFactsProvider = std::optional<std::vector<std::string>> (*)(
+    llvm::StringRef MainFile, llvm::StringRef BuildDirectory,
+    llvm::StringRef CacheDir);
+void setProgramFactsProvider(ProgramFactsProvider Provider);
+ProgramFactsProvider programFactsProvider();
 /// Installs \p Sink for the current thread for the lifetime of the guard.
 class FactScope {
 public:

@@ -94,11 +94,14 @@ struct PathState {
   /// An invalidation incident was reported on this path already: one
   /// finding per missing invalidation, not one per later release.
   bool Reported = false;
+  /// The loop whose current iteration produced the handle held now (an
+  /// element of an array), until the path leaves that loop normally.
+  const Stmt *ProducingLoop = nullptr;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
-                    Bound, Staged, Reported);
+                    Bound, Staged, Reported, ProducingLoop);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -174,6 +177,10 @@ private:
         continue;
       if (E.Slot.isShared())
         SharedSlots.insert(E.Slot);
+      else if (isParamSlot(E.Slot))
+        ParamSlots[E.Fn].insert(E.Slot);
+      else
+        OwnSlots[E.Fn].insert(E.Slot);
       if (E.K == LifeEventKind::InvalidatePost) {
         Invalidated.insert(E.Slot);
         Invalidators.insert(E.Fn);
@@ -181,10 +188,6 @@ private:
       if (E.K == LifeEventKind::Produce || E.K == LifeEventKind::Bind ||
           E.K == LifeEventKind::Expose)
         Prepares[E.Fn].insert(E.Slot);
-      else if (isParamSlot(E.Slot))
-        ParamSlots[E.Fn].insert(E.Slot);
-      else
-        OwnSlots[E.Fn].insert(E.Slot);
       Touches[E.Fn].insert(E.Slot);
     }
     for (const FunctionDecl *Fn : A.functions()) {
@@ -618,6 +621,8 @@ private:
       S.L = Life::Live;
       S.Produced = &E;
       S.Bound = E.Binding;
+      if (!E.Stable)
+        S.ProducingLoop = enclosingLoop(W.Fn, E.S);
       break;
     case LifeEventKind::Bind:
       S.Bound = E.Binding;
@@ -755,6 +760,11 @@ private:
   void loopReleases(Walk &W, const Stmt *Loop, PathState &S) {
     if (!holds(S.L))
       return;
+    // Left the producing loop from inside an iteration that already holds
+    // its element: an unwinding loop that starts below the current index
+    // (`while (--i >= 0)`, `while (i--)`, `j < i`) misses that element.
+    if (S.ProducingLoop && !coversCurrent(Loop))
+      return;
     if (!isa<ForStmt>(Loop) && !isa<WhileStmt>(Loop) && !isa<DoStmt>(Loop))
       return;
     if (const LifeEvent *E = releaseInLoop(W, Loop))
@@ -763,6 +773,41 @@ private:
         S.L = Life::Released;
         S.Pending = nullptr;
       }
+  }
+
+  /// The innermost loop around \p S in \p Fn.
+  const Stmt *enclosingLoop(const FunctionDecl *Fn, const Stmt *S) {
+    const ParentMap &PM = A.flow(Fn).parents();
+    for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
+      if (isa<ForStmt>(P) || isa<WhileStmt>(P) || isa<DoStmt>(P))
+        return P;
+    return nullptr;
+  }
+
+  /// Does an unwinding loop's first round use the index the path stopped
+  /// at? `while (i >= 0) { ...; i--; }` and `j <= i` do; `while (--i >=
+  /// 0)`, `while (i--)` and `j < i` start one below.
+  static bool coversCurrent(const Stmt *Loop) {
+    const Expr *Cond = nullptr;
+    if (const auto *W = dyn_cast<WhileStmt>(Loop))
+      Cond = W->getCond();
+    else if (const auto *F = dyn_cast<ForStmt>(Loop))
+      Cond = F->getCond();
+    if (!Cond)
+      return true;
+    bool Decrements = false, Strict = false;
+    std::function<void(const Stmt *)> Scan = [&](const Stmt *S) {
+      if (!S)
+        return;
+      if (const auto *UO = dyn_cast<UnaryOperator>(S))
+        Decrements |= UO->isDecrementOp();
+      if (const auto *BO = dyn_cast<BinaryOperator>(S))
+        Strict |= BO->getOpcode() == BO_LT;
+      for (const Stmt *Sub : S->children())
+        Scan(Sub);
+    };
+    Scan(Cond);
+    return !Decrements && !(isa<ForStmt>(Loop) && Strict);
   }
 
   /// An event in \p Loop's body that releases the walk's slot.
@@ -861,8 +906,12 @@ private:
     // Leaving an unwinding loop: every element it releases is released,
     // whatever the count (the body's own path reports its incidents).
     if (Term && Index == 1 &&
-        (isa<ForStmt>(Term) || isa<WhileStmt>(Term) || isa<DoStmt>(Term)))
-      loopReleases(W, Term, S);
+        (isa<ForStmt>(Term) || isa<WhileStmt>(Term) || isa<DoStmt>(Term))) {
+      if (Term == S.ProducingLoop)
+        S.ProducingLoop = nullptr; // every iteration completed
+      else
+        loopReleases(W, Term, S);
+    }
     const Expr *Cond = From.succ_size() == 2 ? From.getLastCondition() : nullptr;
     if (const auto *Switch = dyn_cast_or_null<SwitchStmt>(Term))
       return switchEdge(W, Switch, To, S);
@@ -1072,6 +1121,12 @@ private:
       return std::nullopt;
     }
     if (const auto *BO = dyn_cast<BinaryOperator>(Cond)) {
+      // `if (!(mr = ibv_reg_mr(...)))` tests what it stores.
+      if (BO->getOpcode() == BO_Assign)
+        return Flip(names(W, BO->getLHS()) ? std::optional<bool>(false)
+                                           : std::nullopt);
+      if (BO->getOpcode() == BO_Comma)
+        return Flip(nullTest(W, BO->getRHS(), Depth + 1));
       if (!BO->isEqualityOp())
         return std::nullopt;
       const Expr *Other = names(W, BO->getLHS())   ? BO->getRHS()

@@ -3,6 +3,7 @@
 #include "Program.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/RecursiveASTVisitor.h"
+#include "clang/Basic/FileManager.h"
 #include "clang/Basic/SourceManager.h"
 #include "llvm/Support/Path.h"
 
@@ -67,8 +68,13 @@ private:
 
 Program::Program(const TuAnalysis &A) : A(A) {
   const SourceManager &SM = A.sources();
-  if (OptionalFileEntryRef Main = SM.getFileEntryRefForID(SM.getMainFileID()))
-    Key = llvm::sys::path::parent_path(Main->getName()).str();
+  if (OptionalFileEntryRef Main = SM.getFileEntryRefForID(SM.getMainFileID())) {
+    // The same directory however the database spells the file.
+    SmallString<256> Path(Main->getName());
+    SM.getFileManager().makeAbsolutePath(Path);
+    llvm::sys::path::remove_dots(Path, /*remove_dot_dot=*/true);
+    Key = llvm::sys::path::parent_path(Path).str();
+  }
   IWarpGuardFinder Finder(A);
   for (const FunctionDecl *FD : A.functions()) {
     Finder.TraverseStmt(FD->getBody());

@@ -3,6 +3,9 @@
 #include "RdmaCheck.h"
 #include "Facts.h"
 #include "Program.h"
+#include "Lifecycle.h"
+#include "WorkRequests.h"
+#include <set>
 #include "clang/AST/ASTContext.h"
 #include "clang/ASTMatchers/ASTMatchFinder.h"
 #include "llvm/ADT/StringExtras.h"
@@ -19,7 +22,8 @@ RdmaCheck::RdmaCheck(StringRef Name, tidy::ClangTidyContext *Context)
       CoreFiles(Options.getLocalOrGlobal("CoreFiles",
                                          Rules::embedded().coreFiles())),
       CoreFilesRegex(CoreFiles),
-      ApiWrappers(Options.getLocalOrGlobal("ApiWrappers", "")) {
+      ApiWrappers(Options.getLocalOrGlobal("ApiWrappers", "")),
+      CacheDir(Options.getLocalOrGlobal("CacheDir", "")), TidyContext(Context) {
   if (auto Parsed = parseApiWrappers(ApiWrappers, Rules::embedded()); !Parsed)
     configurationDiag(llvm::toString(Parsed.takeError()));
 }
@@ -27,10 +31,42 @@ RdmaCheck::RdmaCheck(StringRef Name, tidy::ClangTidyContext *Context)
 void RdmaCheck::storeOptions(tidy::ClangTidyOptions::OptionMap &Opts) {
   Options.store(Opts, "CoreFiles", CoreFiles);
   Options.store(Opts, "ApiWrappers", ApiWrappers);
+  Options.store(Opts, "CacheDir", CacheDir);
 }
 
 void RdmaCheck::registerMatchers(MatchFinder *Finder) {
   Finder->addMatcher(translationUnitDecl().bind("tu"), this);
+}
+
+/// In a host of one unit with a ulplint run's facts: every fact of the
+/// program (the other units' and this unit's own), else null. Computed by
+/// the first check of the unit, before anything is cached.
+static const std::set<std::string> *programKnown(const TuAnalysis &A,
+                                                 StringRef BuildDir,
+                                                 StringRef CacheDir) {
+  static thread_local const TuAnalysis *For = nullptr;
+  static thread_local std::optional<std::set<std::string>> Known;
+  if (currentFacts())
+    return nullptr;
+  if (For != &A) {
+    For = &A;
+    Known.reset();
+    const SourceManager &SM = A.sources();
+    OptionalFileEntryRef Main = SM.getFileEntryRefForID(SM.getMainFileID());
+    if (ProgramFactsProvider P = programFactsProvider(); P && Main)
+      if (auto Others = P(Main->getName(), BuildDir, CacheDir)) {
+        UnitFacts Own;
+        {
+          FactScope Scope(&Own);
+          Program::of(A);
+          Lifecycle::of(A);
+          WorkRequests::of(A);
+        }
+        Known.emplace(Others->begin(), Others->end());
+        Known->insert(Own.Facts.begin(), Own.Facts.end());
+      }
+  }
+  return Known ? &*Known : nullptr;
 }
 
 void RdmaCheck::check(const MatchFinder::MatchResult &Result) {
@@ -42,6 +78,7 @@ void RdmaCheck::check(const MatchFinder::MatchResult &Result) {
         return;
   }
   const TuAnalysis &A = TuAnalysis::get(Ctx, ApiWrappers);
+  Known = programKnown(A, TidyContext->getCurrentBuildDirectory(), CacheDir);
   Program::of(A); // tells the program what this unit knows of it, once
   run(A);
 }
@@ -60,6 +97,9 @@ DiagnosticBuilder RdmaCheck::reportUnless(const TuAnalysis &A,
     Sink->Conditions.push_back({getID().str(), A.sources().getFilename(At).str(),
                                 A.sources().getFileOffset(At), {},
                                 {UnlessFact.str()}});
+  // Settled by the program's facts: an ignored diagnostic drops its notes.
+  if (Known && Known->count(UnlessFact.str()))
+    return diag(At, Message, DiagnosticIDs::Ignored);
   return diag(At, Message);
 }
 
@@ -68,6 +108,14 @@ RdmaCheck::reportIfProgram(const TuAnalysis &A, SourceLocation Loc,
                            StringRef Message, std::vector<std::string> Require,
                            std::vector<std::string> Unless) {
   UnitFacts *Sink = currentFacts();
+  if (!Sink && Known) {
+    bool Holds =
+        llvm::all_of(Require, [&](const std::string &F) { return Known->count(F); }) &&
+        llvm::none_of(Unless, [&](const std::string &F) { return Known->count(F); });
+    if (!Holds)
+      return std::nullopt;
+    return diag(userLoc(A.sources(), Loc), Message);
+  }
   if (!Sink)
     return std::nullopt;
   SourceLocation At = userLoc(A.sources(), Loc);

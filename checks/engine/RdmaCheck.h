@@ -11,6 +11,7 @@
 #include "Analysis.h"
 #include "clang-tidy/ClangTidyCheck.h"
 #include "llvm/Support/Regex.h"
+#include <set>
 
 namespace ulplint {
 
@@ -52,6 +53,10 @@ private:
   std::string CoreFiles;
   llvm::Regex CoreFilesRegex;
   std::string ApiWrappers;
+  std::string CacheDir; // a ulplint cache with the program's facts
+  clang::tidy::ClangTidyContext *TidyContext;
+  /// The program's facts in a host of one unit after a ulplint run.
+  const std::set<std::string> *Known = nullptr;
 };
 
 /// `Flag | <expr>` insertion text that keeps precedence right.

@@ -4,6 +4,7 @@
 // Userspace registrations and windows that are not released on some path.
 
 #include <infiniband/verbs.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 struct ulp_conn {
@@ -66,14 +67,6 @@ void ulp_req_abort(struct ulp_conn *c, struct ulp_req *req)
   // CHECK-MESSAGES: :[[@LINE-5]]:13: note: memory region obtained here
 }
 
-/* A window that nothing ever deallocates. */
-int ulp_window(struct ulp_conn *c)
-{
-  c->mw = ibv_alloc_mw(c->pd, IBV_MW_TYPE_2);
-  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: the memory window from 'ibv_alloc_mw' is stored in 'ulp_conn.mw' but nothing releases it; it leaks
-  return c->mw ? 0 : -1;
-}
-
 /* Near misses: unwinding labels, a returned handle, a handle kept. */
 int ok_unwind(struct ulp_conn *c, void *a, void *b, size_t len)
 {
@@ -117,4 +110,173 @@ void ok_global_ring_teardown(void)
 {
   ibv_dereg_mr(g_ring_mr);
   g_ring_mr = NULL;
+}
+
+/* Arrays of windows unwound in a loop (issue 12): every window allocated
+   so far is released, both when an allocation fails and when a later step
+   does, whether the loop counts down or up. */
+struct ulp_slot {
+  struct ibv_mw *mw;
+  uint32_t rkey;
+};
+
+struct ulp_table {
+  struct ibv_pd *pd;
+  struct ulp_slot s[16];
+  unsigned int n;
+};
+
+int ulp_table_arm(struct ulp_table *t);
+
+int ok_table_down(struct ulp_table *t)
+{
+  unsigned int n;
+
+  for (n = 0; n < 16; n++)
+    if (!(t->s[n].mw = ibv_alloc_mw(t->pd, IBV_MW_TYPE_2)))
+      goto undo;
+  if (ulp_table_arm(t)) {
+    n = 16;
+    goto undo;
+  }
+  return 0;
+undo:
+  while (n--)
+    ibv_dealloc_mw(t->s[n].mw);
+  return -1;
+}
+
+int ok_table_up(struct ulp_table *t)
+{
+  unsigned int n, i;
+
+  for (n = 0; n < 16; n++)
+    if (!(t->s[n].mw = ibv_alloc_mw(t->pd, IBV_MW_TYPE_2)))
+      goto undo;
+  return 0;
+undo:
+  for (i = 0; i < n; i++)
+    ibv_dealloc_mw(t->s[i].mw);
+  return -1;
+}
+
+/* The unwinding starts one slot too low: the window of slot n, allocated,
+   is left when the second step of its iteration fails. */
+int ulp_table_mark(struct ulp_slot *s);
+
+int ulp_table_skips_current(struct ulp_table *t)
+{
+  int n;
+
+  for (n = 0; n < 16; n++) {
+    t->s[n].mw = ibv_alloc_mw(t->pd, IBV_MW_TYPE_2);
+    if (!t->s[n].mw)
+      goto undo;
+    if (ulp_table_mark(&t->s[n]))
+      goto undo;
+  }
+  return 0;
+undo:
+  while (--n >= 0)
+    ibv_dealloc_mw(t->s[n].mw);
+  return -1;
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: error path returns without releasing the memory window from 'ibv_alloc_mw' (held in ulp_slot.mw); it leaks [rdma-mr-leak]
+  // CHECK-MESSAGES: :[[@LINE-12]]:18: note: memory window obtained here
+  // CHECK-MESSAGES: :[[@LINE-10]]:5: note: error path taken here
+}
+
+/* Helpers both ways: a helper that registers and returns a fresh MR, and
+   one that deregisters the MR its caller passes. */
+static struct ibv_mr *ulp_reg(struct ulp_conn *c, void *buf, size_t len)
+{
+  return ibv_reg_mr(c->pd, buf, len, IBV_ACCESS_LOCAL_WRITE);
+}
+
+static void ulp_unreg(struct ibv_mr *mr)
+{
+  if (mr)
+    ibv_dereg_mr(mr);
+}
+
+int ulp_bounce(struct ulp_conn *c, void *buf, size_t len)
+{
+  struct ibv_mr *mr = ulp_reg(c, buf, len);
+
+  if (!mr)
+    return -1;
+  if (ulp_send_buf(c, buf, len))
+    return -1;
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: error path returns without releasing the memory region from 'ulp_reg'; it leaks [rdma-mr-leak]
+  // CHECK-MESSAGES: :[[@LINE-7]]:23: note: memory region obtained here
+  // CHECK-MESSAGES: :[[@LINE-4]]:3: note: error path taken here
+  ulp_unreg(mr);
+  return 0;
+}
+
+int ok_bounce(struct ulp_conn *c, void *buf, size_t len)
+{
+  struct ibv_mr *mr = ulp_reg(c, buf, len);
+  int ret;
+
+  if (!mr)
+    return -1;
+  ret = ulp_send_buf(c, buf, len);
+  ulp_unreg(mr);
+  return ret;
+}
+
+/* A cache helper returns a registration it also keeps: the caller does
+   not own it. */
+struct ulp_cache {
+  struct ibv_pd *pd;
+  struct ibv_mr *mr;
+  void *buf;
+};
+
+static struct ibv_mr *ulp_cache_get(struct ulp_cache *k, size_t len)
+{
+  if (!k->mr)
+    k->mr = ibv_reg_mr(k->pd, k->buf, len, IBV_ACCESS_LOCAL_WRITE);
+  return k->mr;
+}
+
+int ok_cached(struct ulp_conn *c, struct ulp_cache *k, size_t len)
+{
+  struct ibv_mr *mr = ulp_cache_get(k, len);
+
+  if (!mr)
+    return -1;
+  if (ulp_send_buf(c, k->buf, len))
+    return -1;
+  return 0;
+}
+
+/* A request just allocated holds no MR: its error path frees it safely. */
+struct ulp_req *ok_req_new(struct ulp_conn *c, size_t len)
+{
+  struct ulp_req *req = calloc(1, sizeof(*req));
+
+  if (!req)
+    return NULL;
+  req->buf = malloc(len);
+  if (!req->buf)
+    goto err;
+  req->mr = ibv_reg_mr(c->pd, req->buf, len, IBV_ACCESS_LOCAL_WRITE);
+  if (!req->mr)
+    goto err;
+  return req;
+err:
+  free(req->buf);
+  free(req);
+  return NULL;
+}
+
+/* A window that nothing ever deallocates, while ulp_conn_close() releases
+   the MR next to it. Conditional on the program (no other unit releases
+   it), so it comes last. */
+int ulp_window(struct ulp_conn *c)
+{
+  c->mw = ibv_alloc_mw(c->pd, IBV_MW_TYPE_2);
+  // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: the memory window from 'ibv_alloc_mw' is stored in 'ulp_conn.mw' but nothing releases it, while the handles next to it are released; it leaks
+  return c->mw ? 0 : -1;
 }
