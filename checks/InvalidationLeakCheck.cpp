@@ -47,21 +47,28 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
     if (I.ErrorBranch)
       note(A, I.ErrorBranch->getBeginLoc(), "error path taken here");
   }
-  reportAcrossUnits(A, L);
+  reportAcrossUnits(A, L, Reported);
 }
 
 /// A release in a unit that never exposes the slot, of a slot another unit
 /// exposes and nobody invalidates: only the whole program can tell.
-void InvalidationLeakCheck::reportAcrossUnits(const TuAnalysis &A,
-                                              const Lifecycle &L) {
+void InvalidationLeakCheck::reportAcrossUnits(
+    const TuAnalysis &A, const Lifecycle &L, const std::set<const void *> &Reported) {
   std::set<SlotKey> Done;
   for (const LifeEvent &E : L.events()) {
     bool Buffer = E.K == LifeEventKind::BufferRelease;
     if ((E.K != LifeEventKind::Release && E.K != LifeEventKind::ContainerRelease &&
          !Buffer) ||
-        !E.Slot.isShared() || !L.releasesHeld(&E) || !Done.insert(E.Slot).second)
+        !E.Slot.isShared() || !L.releasesHeld(&E))
       continue;
-    if (L.has(E.Slot, LifeEventKind::Expose) ||
+    // A setup that recycles what it just produced gave no key out yet.
+    bool ProducedHere = llvm::any_of(L.events(), [&](const LifeEvent &P) {
+      return P.K == LifeEventKind::Produce && P.Slot == E.Slot && P.Fn == E.Fn;
+    });
+    // A place the paths already judged keeps that finding, unconditionally.
+    if (ProducedHere || Reported.count(&E) || !Done.insert(E.Slot).second)
+      continue;
+    if (L.has(E.Slot, LifeEventKind::Expose) || L.has(E.Slot, LifeEventKind::KeyStaged) ||
         L.has(E.Slot, LifeEventKind::InvalidatePost) ||
         L.has(E.Slot, LifeEventKind::InvalidateRemote))
       continue;

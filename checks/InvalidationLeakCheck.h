@@ -4,6 +4,7 @@
 #define ULPLINT_CHECKS_INVALIDATIONLEAKCHECK_H
 
 #include "engine/RdmaCheck.h"
+#include <set>
 
 namespace ulplint {
 
@@ -17,7 +18,8 @@ protected:
   bool ulpOnly() const override { return true; }
 
 private:
-  void reportAcrossUnits(const TuAnalysis &A, const class Lifecycle &L);
+  void reportAcrossUnits(const TuAnalysis &A, const class Lifecycle &L,
+                         const std::set<const void *> &Reported);
 };
 
 } // namespace ulplint

@@ -488,6 +488,9 @@ private:
       break;
     }
     case Effect::ErrorPointerTest:
+    case Effect::ErrorPointerValue:
+      // Reading a pointer's error state neither keeps nor frees the handle.
+      break;
     case Effect::MemoryZero:
       // Outside the lifecycle; a handle passed here is treated like one
       // passed to any function of another unit.
@@ -674,6 +677,12 @@ private:
     if (!Linked)
       return;
     for (const SlotKey &Slot : handleSlotsWithin(Fn, *Item)) {
+      // An item whose handle this function just produced is being handed
+      // on (a pending list, a pool being filled), not recycled.
+      if (llvm::any_of(L.Events, [&](const LifeEvent &P) {
+            return P.K == LifeEventKind::Produce && P.Fn == Fn && P.Slot == Slot;
+          }))
+        continue;
       LifeEvent E = event(LifeEventKind::ContainerRelease, Slot, Fn, BO,
                           BO->getBeginLoc(), "free list");
       E.Stable = stable(Fn, *Item);

@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "LifeEvents.h"
+#include "WorkRequests.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/ParentMap.h"
 #include "llvm/Support/CommandLine.h"
@@ -184,6 +185,7 @@ private:
       if (E.K == LifeEventKind::InvalidatePost) {
         Invalidated.insert(E.Slot);
         Invalidators.insert(E.Fn);
+        InvalidatesIn[E.Fn].insert(E.Slot);
       }
       if (E.K == LifeEventKind::Produce || E.K == LifeEventKind::Bind ||
           E.K == LifeEventKind::Expose)
@@ -197,8 +199,16 @@ private:
       if (!Called)
         Roots.push_back(Fn);
     }
-    for (const Lifecycle::RemoteInvalidation &R : LC.RemoteInvs)
+    for (const Lifecycle::RemoteInvalidation &R : LC.RemoteInvs) {
       Invalidated.insert(R.Slots.begin(), R.Slots.end());
+      AfterUse.insert(R.Slots.begin(), R.Slots.end());
+    }
+    // A LOCAL_INV outside the functions that register the slot runs after
+    // the I/O (not chained before the next REG_MR, as a lazy scheme does).
+    for (const auto &[Fn, Slots] : InvalidatesIn)
+      for (const SlotKey &Slot : Slots)
+        if (!Prepares[Fn].count(Slot))
+          AfterUse.insert(Slot);
     findInvalidationCallbacks();
     findInvalidationTags();
   }
@@ -333,7 +343,12 @@ private:
     for (const FunctionDecl *Fn : Roots)
       if (sharedTouched(Fn).count(Slot))
         Touching.push_back(Fn);
-    std::vector<PathState> Resting = {entryState({Life::None, true, false})};
+    // A handle no function here produces comes from another unit.
+    bool ProducedHere = llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+      return E.K == LifeEventKind::Produce && E.Slot == Slot;
+    });
+    std::vector<PathState> Resting = {
+        entryState({ProducedHere ? Life::None : Life::Unknown, true, false})};
     // A key the unit invalidates is out between I/Os, wherever it was
     // exposed (perhaps by another unit).
     if (Invalidated.count(Slot))
@@ -360,11 +375,26 @@ private:
     if (InvalidationCallbacks.count(Fn))
       return {entryState({Life::Invalidated, true, false})};
     std::vector<PathState> Out(Resting.begin(), Resting.end());
-    if (prepares(Fn, Slot))
+    if (prepares(Fn, Slot) || releasesAfterUse(Fn, Slot))
       llvm::erase_if(Out, [](const PathState &S) {
         return S.L == Life::Exposed || S.L == Life::Claimed;
       });
     return Out;
+  }
+
+  /// A root that only gives \p Slot back (nvme-rdma's unmap_data, reached
+  /// from the request's end in another unit), in a unit that invalidates
+  /// the slot after each I/O: it runs after that invalidation.
+  /// Event handlers that reach the release through a helper (a timeout
+  /// handler, a completion) are not such roots: they decide when.
+  bool releasesAfterUse(const FunctionDecl *Fn, const SlotKey &Slot) {
+    if (!AfterUse.count(Slot) || InvalidatesIn[Fn].count(Slot) ||
+        Prepares[Fn].count(Slot) || onCompletionPath(Fn))
+      return false;
+    return llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+      return E.Fn == Fn && E.Slot == Slot &&
+             (E.K == LifeEventKind::Release || E.K == LifeEventKind::Deregister);
+    });
   }
 
   /// A resting state: what a root leaves behind, without the root's own
@@ -636,7 +666,9 @@ private:
       break;
     case LifeEventKind::Expose:
       remember(S, E);
-      S.L = Life::Exposed;
+      // A handle already handed to a struct stays the struct's to release.
+      if (S.L != Life::Escaped)
+        S.L = Life::Exposed;
       S.Exposed = &E;
       break;
     case LifeEventKind::InvalidatePost:
@@ -1243,7 +1275,7 @@ private:
       // A handle this helper produced and still holds on an error return:
       // its caller may release it; if not, the helper leaked it.
       if (Error && W.Slot.isShared() && holds(S.L) && ownFresh(S) &&
-          !S.Pending && unwinds(W.Fn, W.Slot))
+          !S.Pending && unwinds(W, RS, S))
         X.S.Pending = latent(leak(W, RS, S));
       if (!llvm::any_of(W.R.Exits, [&](const Exit &O) {
             return O.Error == X.Error && O.S == X.S;
@@ -1260,32 +1292,118 @@ private:
     }
     // A shared slot keeps its handle for later; only an error return
     // abandons it.
-    if (Error && (S.Pending || (ownFresh(S) && unwinds(W.Fn, W.Slot))))
+    if (Error && (S.Pending || (ownFresh(S) && unwinds(W, RS, S))))
       addIncident(W, S.Pending ? *S.Pending : leak(W, RS, S));
   }
 
   /// Whose job is it to release a handle stored in a struct when the
-  /// function fails? The function's, if it releases the handle on another
-  /// path itself (it unwinds its own work), or if nothing but the
-  /// completion of an I/O releases it (a failed submit never completes).
-  /// Otherwise an abort or cleanup function of the unit takes it back.
-  bool unwinds(const FunctionDecl *Fn, const SlotKey &Slot) {
-    auto Key = std::make_pair(Fn, Slot);
+  /// function fails?
+  /// - Nobody's here once the handle went out to the device and the error
+  ///   branch hands the state to recovery of another unit (see recovers()).
+  /// - The function's, for a per-I/O handle (taken from a pool) whose
+  ///   request failed while being prepared: a request never issued never
+  ///   completes (nvme-rdma's missing ib_mr_pool_put).
+  /// - When the post itself failed, the caller's, if some abort or cleanup
+  ///   function of the unit releases the handle, or if nothing here but the
+  ///   function itself does (the release lives in another unit); if only a
+  ///   completion would, nobody's.
+  /// - When a setup failed half-way, the function's if it releases the
+  ///   handle on another path itself, or if no cleanup of the unit can run
+  ///   after a partial setup (see toleratesPartialSetup()).
+  bool unwinds(Walk &W, const ReturnStmt *RS, const PathState &S) {
+    if (S.Exposed && recovers(S.ErrorBranch))
+      return false;
+    bool PostFailed = postFailed(W, RS, S);
+    if (!PostFailed && S.Produced && S.Produced->By == Effect::MrPoolGet)
+      return true;
+    auto Key = std::make_tuple(W.Fn, W.Slot, PostFailed);
     auto It = Unwinds.find(Key);
     if (It != Unwinds.end())
       return It->second;
-    bool Own = false, Cleanup = false;
+    bool Own = false, Cleanup = false, Completion = false;
     for (const LifeEvent &E : LC.Events) {
       bool Releases = E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release ||
                       (E.K == LifeEventKind::ContainerRelease && !E.Recycle);
-      if (!Releases || E.Slot != Slot)
+      if (!Releases || E.Slot != W.Slot)
         continue;
-      if (E.Fn == Fn)
+      if (E.Fn == W.Fn)
         Own = true;
-      else if (!onCompletionPath(E.Fn))
+      else if (onCompletionPath(E.Fn))
+        Completion = true;
+      else if (PostFailed || toleratesPartialSetup(E.Fn))
         Cleanup = true;
     }
-    return Unwinds[Key] = Own || !Cleanup;
+    return Unwinds[Key] = PostFailed ? Completion && !Cleanup : Own || !Cleanup;
+  }
+
+  /// Does the error branch hand a struct to a function of another unit
+  /// (`fwm_reset_ctrl(ctrl)`)? Once the handle went out to the device, such
+  /// a call is recovery (QP to error, pool destroyed) that takes the handle
+  /// with it; the unit cannot see through it. Variadic calls are logging.
+  bool recovers(const Stmt *Branch) {
+    if (const auto *If = dyn_cast_or_null<IfStmt>(Branch))
+      Branch = If->getThen();
+    if (!Branch)
+      return false;
+    if (const auto *CE = dyn_cast<CallExpr>(Branch)) {
+      const FunctionDecl *Callee = CE->getDirectCallee();
+      const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
+      if (Callee && !Callee->isVariadic() && !A.modelOf(CE) &&
+          !(Def && llvm::is_contained(A.functions(), Def)) &&
+          llvm::any_of(CE->arguments(), [](const Expr *Arg) {
+            QualType T = Arg->IgnoreParenImpCasts()->getType();
+            return T->isPointerType() && T->getPointeeType()->isRecordType();
+          }))
+        return true;
+    }
+    return llvm::any_of(Branch->children(),
+                        [&](const Stmt *C) { return recovers(C); });
+  }
+
+  /// Can \p Cleanup run after a setup that failed half-way? Only if it
+  /// tests some handle before releasing it (`if (d->mr) ib_dereg_mr(d->mr)`);
+  /// one that releases everything unconditionally would crash on the
+  /// handles never set, so the setup must unwind itself.
+  bool toleratesPartialSetup(const FunctionDecl *Cleanup) {
+    const ParentMap &PM = A.flow(Cleanup).parents();
+    for (const LifeEvent &E : LC.Events) {
+      if (E.Fn != Cleanup || !E.S || !E.Slot.isShared() || E.Slot.path().empty() ||
+          (E.K != LifeEventKind::Deregister && E.K != LifeEventKind::Release))
+        continue;
+      const FieldDecl *Field = E.Slot.path().back().Field;
+      for (const Stmt *P = PM.getParent(E.S), *Child = E.S; P;
+           Child = P, P = PM.getParent(P))
+        if (const auto *If = dyn_cast<IfStmt>(P))
+          if (If->getCond() != Child && mentionsField(If->getCond(), Field))
+            return true;
+    }
+    return false;
+  }
+
+  static bool mentionsField(const Stmt *S, const FieldDecl *Field) {
+    if (!S)
+      return false;
+    if (const auto *ME = dyn_cast<MemberExpr>(S))
+      if (!Field || ME->getMemberDecl() == Field)
+        return true;
+    return llvm::any_of(S->children(),
+                        [&](const Stmt *C) { return mentionsField(C, Field); });
+  }
+
+  /// Is this error return the failure of a post: the post's result
+  /// returned, or the early exit taken because it failed?
+  bool postFailed(Walk &W, const ReturnStmt *RS, const PathState &S) {
+    for (const PostSite &P : WorkRequests::of(A).posts()) {
+      if (P.Fn != W.Fn)
+        continue;
+      const Stmt *Post = P.Call->Call;
+      if (RS && RS->getRetValue() && failedCall(W, RS->getRetValue(), Post))
+        return true;
+      if (const auto *If = dyn_cast_or_null<IfStmt>(S.ErrorBranch))
+        if (failedCall(W, If->getCond(), Post))
+          return true;
+    }
+    return false;
   }
 
   /// Does \p From call \p To, directly or through helpers?
@@ -1365,12 +1483,14 @@ private:
   const TuAnalysis &A;
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
+  /// Slots the unit invalidates after an I/O, not only before reuse.
+  std::set<SlotKey> AfterUse;
   std::set<int64_t> InvTags;
   std::set<const FunctionDecl *> Invalidators;
-  std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Unwinds;
+  std::map<std::tuple<const FunctionDecl *, SlotKey, bool>, bool> Unwinds;
   std::set<const FunctionDecl *> DoneCallbacks;
   std::map<const FunctionDecl *, std::set<SlotKey>> OwnSlots, ParamSlots, Touches,
-      SharedTouched, Prepares;
+      SharedTouched, Prepares, InvalidatesIn;
   std::map<const FunctionDecl *, std::vector<const LifeEvent *>> Callees;
   std::vector<const FunctionDecl *> Roots;
   std::set<const FunctionDecl *> InvalidationCallbacks;

@@ -224,6 +224,7 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::WcReadOpcode, "wc.read_opcode"},
     {Effect::MemoryZero, "memory.zero"},
     {Effect::ErrorPointerTest, "ptr.error_test"},
+    {Effect::ErrorPointerValue, "ptr.error_value"},
 };
 
 static constexpr std::pair<Opcode, llvm::StringLiteral> OpcodeNames[] = {

@@ -136,6 +136,7 @@ enum class Effect {
   WcReadOpcode,
   MemoryZero,       // memset(&x, 0, ...)
   ErrorPointerTest, // IS_ERR(p): true on the failure branch
+  ErrorPointerValue, // PTR_ERR(p): reads the error code, keeps nothing
 };
 
 /// What a work request does, independent of the API's spelling.

@@ -62,7 +62,6 @@ out_put:
 	ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, req->mr);
 	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_mr_pool_put' releases a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
 	// CHECK-MESSAGES: :[[@LINE-17]]:8: note: rkey handed to the peer here (IB_WR_REG_MR)
-	// CHECK-MESSAGES: :[[@LINE-15]]:2: note: error path taken here
 	req->mr = NULL;
 	return ret;
 }
@@ -101,7 +100,7 @@ static void demo_cmpl_done(struct demo_queue *q, struct demo_cmpl_req *req,
 	wait_for_completion(&req->inv_done);
 release:
 	ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, req->mr);
-	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_mr_pool_put' releases a memory region without invalidating its rkey on some paths, while other paths of this function invalidate it first; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_mr_pool_put' releases a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
 	// CHECK-MESSAGES: :[[@LINE-11]]:2: note: error path taken here
 }
 
@@ -128,7 +127,7 @@ static int demo_noinv_register(struct demo_queue *q, struct demo_noinv_req *req)
 static void demo_noinv_complete(struct demo_queue *q, struct demo_noinv_req *req)
 {
 	ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, req->mr);
-	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_mr_pool_put' releases a memory region registered for remote access, and nothing invalidates its rkey (no LOCAL_INV, no checked remote invalidation); the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_mr_pool_put' releases a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
 	// CHECK-MESSAGES: :[[@LINE-7]]:9: note: rkey handed to the peer here (IB_WR_REG_MR)
 	req->mr = NULL;
 }

@@ -7,6 +7,11 @@
 #include <infiniband/verbs.h>
 #include <stdlib.h>
 
+struct ulp_msg {
+  uint64_t addr;
+  uint32_t rkey;
+};
+
 struct ulp_io {
   struct ibv_pd *pd;
   void *buf;
@@ -28,10 +33,28 @@ int ulp_io_start(struct ulp_io *io)
   return 0;
 }
 
+/* The rkey goes to the peer in the request message. */
+int ulp_io_advertise(struct ulp_io *io, struct ibv_qp *qp, struct ulp_msg *msg,
+                     struct ibv_mr *msg_mr)
+{
+  struct ibv_sge sge = {
+      .addr = (uintptr_t)msg, .length = sizeof(*msg), .lkey = msg_mr->lkey};
+  struct ibv_send_wr wr = {0}, *bad;
+
+  msg->addr = (uintptr_t)io->buf;
+  msg->rkey = io->mr->rkey;
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
 void ulp_io_abort(struct ulp_io *io)
 {
   free(io->buf);
-  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: 'free' releases the memory behind a memory region registered for remote access, and nothing invalidates its rkey
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: 'free' releases the memory behind a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path
+  // CHECK-MESSAGES: :[[@LINE-12]]:15: note: rkey handed to the peer here (rkey)
   io->buf = NULL;
 }
 
