@@ -25,6 +25,9 @@ private:
   void checkTransportTests(const TuAnalysis &A,
                            llvm::ArrayRef<AccessSite> Sites);
   void checkReadSinks(const TuAnalysis &A, llvm::ArrayRef<AccessSite> Sites);
+  void exportSinkRights(const TuAnalysis &A, llvm::ArrayRef<AccessSite> Sites);
+  void reportSinkElsewhere(const TuAnalysis &A, const ReadSink &Sink,
+                           llvm::StringRef Refuses);
   /// Set to false for ULPs that only ever run on InfiniBand or RoCE.
   bool AssumeIWarp;
 };

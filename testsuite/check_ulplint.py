@@ -104,8 +104,21 @@ def main():
     if res.returncode not in ok_codes:
         fail("%s exited with %d:\n%s" % (cmd[0], res.returncode, " ".join(map(shlex.quote, cmd))),
              res.stdout)
-    messages = "\n".join(l for l in res.stdout.splitlines()
-                         if re.search(r": (warning|error|note): ", l)) + "\n"
+    lines = [l for l in res.stdout.splitlines() if re.search(r": (warning|error|note): ", l)]
+    # ulplint streams a unit's certain findings first and the ones the
+    # program's facts settle after the run; clang-tidy sorts by place. Each
+    # finding with its notes goes in place order, as clang-tidy prints them.
+    blocks = []
+    for l in lines:
+        if re.search(r": note: ", l) and blocks:
+            blocks[-1].append(l)
+        else:
+            blocks.append([l])
+    def place(block):
+        m = re.match(r"(.*?):(\d+):(\d+): ", block[0])
+        return (m.group(1), int(m.group(2)), int(m.group(3))) if m else ("", 0, 0)
+    blocks.sort(key=place)
+    messages = "\n".join(l for b in blocks for l in b) + "\n"
     # ulplint prints the catalog's severity, clang-tidy "warning" for every
     # finding: CHECK-MESSAGES serve both modes, so findings read "warning".
     messages = re.sub(r": (error|note): (.*\[rdma-[a-z-]+\])$", r": warning: \2",

@@ -35,6 +35,8 @@ static llvm::StringRef factVerb(FactKind K) {
   case FactKind::Signals: return "signals";
   case FactKind::ComparesInvalidatedKey: return "compares-invalidated-key";
   case FactKind::TearsDown: return "tears-down";
+  case FactKind::GrantsRemoteWrite: return "grants-remote-write";
+  case FactKind::LacksRemoteWrite: return "lacks-remote-write";
   }
   return "";
 }

@@ -38,6 +38,8 @@ enum class FactKind {
   Signals,           // ... and some of them ask for a completion
   ComparesInvalidatedKey, // the function compares a caller's key with an MR's
   TearsDown,         // a teardown releases the handles of the struct
+  GrantsRemoteWrite, // some registration of the slot may grant remote write
+  LacksRemoteWrite,  // a registration of the slot surely grants no remote write
 };
 
 /// The spelling units exchange: "exposes:nvme_rdma_request.mr".

@@ -12,7 +12,8 @@ using namespace clang;
 namespace ulplint {
 
 namespace {
-/// `if (<not InfiniBand>) return/goto ...;`
+/// `if (<not InfiniBand>) return/goto ...;`, or inside a device-selection
+/// loop `if (<not InfiniBand>) continue;`: that device is never used.
 class IWarpGuardFinder : public RecursiveASTVisitor<IWarpGuardFinder> {
 public:
   explicit IWarpGuardFinder(const TuAnalysis &A) : A(A) {}
@@ -28,7 +29,8 @@ private:
   static bool leaves(const Stmt *S) {
     if (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
       S = CS->body_empty() ? nullptr : CS->body_back();
-    return isa_and_nonnull<ReturnStmt>(S) || isa_and_nonnull<GotoStmt>(S);
+    return isa_and_nonnull<ReturnStmt>(S) || isa_and_nonnull<GotoStmt>(S) ||
+           isa_and_nonnull<ContinueStmt>(S);
   }
   /// True when \p Cond holds on iWARP devices (and is meant to).
   bool refusesIWarp(const Expr *Cond, bool Negated) const {
@@ -40,6 +42,8 @@ private:
       if (BO->getOpcode() == BO_LOr && !Negated)
         return refusesIWarp(BO->getLHS(), false) ||
                refusesIWarp(BO->getRHS(), false);
+      if (BO->getOpcode() == BO_And)
+        return Negated && testsIbOnlyCapability(BO);
       bool Ne = BO->getOpcode() == BO_NE, Eq = BO->getOpcode() == BO_EQ;
       if (!Ne && !Eq)
         return false;
@@ -60,6 +64,14 @@ private:
         if (M->E == Effect::TransportQueryIb)
           return Negated;
       }
+    return false;
+  }
+  /// `caps & IBV_ODP_SUPPORT_IMPLICIT`: false on every iWARP device.
+  bool testsIbOnlyCapability(const BinaryOperator *And) const {
+    for (const Expr *Side : {And->getLHS(), And->getRHS()})
+      if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(Side)))
+        if (A.rules().isIbOnlyCapability(DRE->getDecl()->getName()))
+          return true;
     return false;
   }
   const TuAnalysis &A;

@@ -39,6 +39,7 @@ struct RawDomainFile {
   std::map<std::string, std::string> CompletionOpcodes;
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
+  std::vector<std::string> IbOnlyCapabilities;
   std::map<std::string, int64_t> PortableCaps;
   std::map<std::string, std::string> Migration;
   std::vector<std::string> ConnectionTypes;
@@ -102,6 +103,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("completion_opcodes", D.CompletionOpcodes);
     Io.mapOptional("transport_constants", D.TransportConstants);
     Io.mapOptional("ib_constants", D.IbConstants);
+    Io.mapOptional("ib_only_capabilities", D.IbOnlyCapabilities);
     Io.mapOptional("portable_caps", D.PortableCaps);
     Io.mapOptional("migration", D.Migration);
     Io.mapOptional("connection_types", D.ConnectionTypes);
@@ -373,6 +375,7 @@ struct RulesBuilder {
     DM.D = *D;
     DM.TransportConstants = Raw.TransportConstants;
     DM.IbConstants = Raw.IbConstants;
+    DM.IbOnlyCapabilities = Raw.IbOnlyCapabilities;
     DM.ConnectionTypes = Raw.ConnectionTypes;
     for (auto &[Family, Flags] : Raw.Flags)
       for (auto &[Name, Enumerator] : Flags) {
@@ -641,6 +644,13 @@ bool Rules::isTransportConstant(llvm::StringRef Enumerator) const {
 bool Rules::isIbConstant(llvm::StringRef Enumerator) const {
   for (const DomainModel &D : Domains)
     if (llvm::is_contained(D.IbConstants, Enumerator))
+      return true;
+  return false;
+}
+
+bool Rules::isIbOnlyCapability(llvm::StringRef Enumerator) const {
+  for (const DomainModel &D : Domains)
+    if (llvm::is_contained(D.IbOnlyCapabilities, Enumerator))
       return true;
   return false;
 }

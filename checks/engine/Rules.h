@@ -190,6 +190,8 @@ struct DomainModel {
   std::map<std::string, Opcode> CompletionOpcodes; // IB_WC_LOCAL_INV -> LocalInv
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
+  /// Capability bits only InfiniBand/RoCE devices have (ODP).
+  std::vector<std::string> IbOnlyCapabilities;
   std::map<FieldRole, int64_t> PortableCaps;
   /// What replaces hand-written registration (see rules/api/*.yaml,
   /// `migration`).
@@ -267,6 +269,7 @@ public:
   std::string coreFiles() const;
   bool isTransportConstant(llvm::StringRef Enumerator) const;
   bool isIbConstant(llvm::StringRef Enumerator) const;
+  bool isIbOnlyCapability(llvm::StringRef Enumerator) const;
 
   const std::vector<RuleInfo> &catalog() const { return Catalog; }
   const RuleInfo *rule(llvm::StringRef CheckName) const;

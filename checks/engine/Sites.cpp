@@ -49,6 +49,18 @@ static bool isFinalStore(const TuAnalysis &A, const FieldStore &S,
   return true;
 }
 
+/// The value a field store leaves in its field. The flow records a
+/// definition per statement; a declaration of several variables
+/// (`struct ibv_send_wr wr = {...}, *bad;`) is split into statements of
+/// its own there, so its stores are evaluated from the stored value.
+static FlagSet storedValue(const TuAnalysis &A, const FieldStore &S) {
+  const FunctionFlow &Flow = A.flow(S.Fn);
+  bool Defined = llvm::any_of(Flow.defs(), [&](const Def &D) { return D.S == S.At; });
+  if (Defined || !S.Value)
+    return A.values(S.Fn).flagsAfter(Flow.resolve(S.Target), S.At);
+  return A.values(S.Fn).flags(S.Value);
+}
+
 /// The MR named by a `reg_wr.mr = X` / `bind_info.mr = X` store.
 static void setRegion(AccessSite &S, const FieldStore *MrStore) {
   if (!MrStore || !MrStore->Value)
@@ -109,8 +121,7 @@ AccessSites::AccessSites(const TuAnalysis &A) {
                   : "memory window bind";
     S.Loc = FS.Spelling->getBeginLoc();
     S.Flags = FS.Value;
-    S.Value = A.values(FS.Fn).flagsAfter(A.flow(FS.Fn).resolve(FS.Target),
-                                         FS.At);
+    S.Value = storedValue(A, FS);
     setRegion(S, sibling(A, FS, Fast ? FieldRole::RegMr : FieldRole::BindMr));
     Sites.push_back(std::move(S));
   }
@@ -136,13 +147,23 @@ std::vector<const AccessSite *> rightsOf(const TuAnalysis &A,
   return Found;
 }
 
-llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,
-                                       const FieldStore &S) {
+std::vector<const AccessSite *> sinkRights(const TuAnalysis &A,
+                                           llvm::ArrayRef<AccessSite> Sites,
+                                           const ReadSink &Sink) {
+  if (!Sink.Region)
+    return {};
+  std::vector<const AccessSite *> Found =
+      rightsOf(A, Sites, *Sink.Region, Sink.RegionFn);
+  if (llvm::any_of(Found, [&](const AccessSite *S) { return S->Fn == Sink.Fn; }))
+    llvm::erase_if(Found, [&](const AccessSite *S) { return S->Fn != Sink.Fn; });
+  return Found;
+}
+
+/// The opcodes among the values of \p V, for a field of type \p FieldType.
+static llvm::SmallVector<Opcode, 2> opcodesIn(const TuAnalysis &A,
+                                              QualType FieldType,
+                                              const FlagSet &V) {
   llvm::SmallVector<Opcode, 2> Ops;
-  if (S.Target.Steps.empty() || !S.Target.Steps.back().Field)
-    return Ops;
-  QualType FieldType = S.Target.Steps.back().Field->getType();
-  FlagSet V = A.values(S.Fn).flagsAfter(A.flow(S.Fn).resolve(S.Target), S.At);
   for (const FlagAlt &Alt : V.Alts) {
     if (!Alt.exact())
       continue;
@@ -154,6 +175,58 @@ llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,
   return Ops;
 }
 
+static QualType storedFieldType(const FieldStore &S) {
+  if (S.Target.Steps.empty() || !S.Target.Steps.back().Field)
+    return QualType();
+  return S.Target.Steps.back().Field->getType();
+}
+
+llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,
+                                       const FieldStore &S) {
+  QualType FieldType = storedFieldType(S);
+  if (FieldType.isNull())
+    return {};
+  return opcodesIn(A, FieldType, storedValue(A, S));
+}
+
+/// The parameter of \p Fn that \p E is, read as is (`wr->opcode = op`).
+static const ParmVarDecl *parameterRead(const Expr *E, const FunctionDecl *Fn) {
+  const auto *DRE = dyn_cast_or_null<DeclRefExpr>(stripExpr(E));
+  const auto *P = DRE ? dyn_cast<ParmVarDecl>(DRE->getDecl()) : nullptr;
+  return P && P->getDeclContext() == Fn ? P : nullptr;
+}
+
+/// A work request built in one function for the operation a caller picks:
+/// where it is decided (the call, or the store itself) and what it is.
+struct OpcodeContext {
+  const FunctionDecl *Fn;
+  SourceLocation At;
+  llvm::SmallVector<Opcode, 2> Ops;
+};
+
+/// `lmig_build_rdma(x, IB_WR_RDMA_READ, ...)`: a builder that takes the
+/// opcode as a parameter builds a READ for some callers and a WRITE for
+/// others; each call is its own work request.
+static std::vector<OpcodeContext> opcodeContexts(const TuAnalysis &A,
+                                                 const FieldStore &S) {
+  QualType FieldType = storedFieldType(S);
+  if (FieldType.isNull())
+    return {};
+  std::vector<OpcodeContext> Out;
+  if (const ParmVarDecl *P = parameterRead(S.Value, S.Fn)) {
+    unsigned Index = P->getFunctionScopeIndex();
+    for (const auto &[Call, Caller] : A.callersOf(S.Fn))
+      if (Index < Call->getNumArgs() && Caller != S.Fn)
+        Out.push_back({Caller, Call->getBeginLoc(),
+                       opcodesIn(A, FieldType,
+                                 A.values(Caller).flags(Call->getArg(Index)))});
+    if (!Out.empty() && !S.Fn->isExternallyVisible())
+      return Out;
+  }
+  Out.push_back({S.Fn, S.Spelling->getBeginLoc(), opcodesOf(A, S)});
+  return Out;
+}
+
 /// Stores in \p Fn itself describe what \p Fn builds; stores elsewhere that
 /// reach the same struct field only matter when \p Fn has none.
 static void preferLocal(std::vector<const FieldStore *> &Stores,
@@ -163,20 +236,39 @@ static void preferLocal(std::vector<const FieldStore *> &Stores,
 }
 
 /// What an lkey value names: `mr->lkey` -> mr; `pd->local_dma_lkey` -> DMA.
+/// An lkey the function takes as a parameter (`imgsrv_read(s, dst, lkey,
+/// ...)`) names, at each call, what the caller passes: that call is then
+/// where the READ happens.
 static void addressSink(const TuAnalysis &A, const FunctionDecl *Fn,
-                        const Expr *Lkey, ReadSink &Sink) {
+                        const Expr *Lkey, const ReadSink &Proto,
+                        std::vector<ReadSink> &Out, unsigned Depth = 0) {
+  if (const ParmVarDecl *P = parameterRead(Lkey, Fn); P && Depth < 3) {
+    unsigned Index = P->getFunctionScopeIndex();
+    for (const auto &[Call, Caller] : A.callersOf(Fn)) {
+      if (Index >= Call->getNumArgs() || Caller == Fn)
+        continue;
+      ReadSink AtCall = Proto;
+      AtCall.Fn = Caller;
+      AtCall.ReadLoc = Call->getBeginLoc();
+      addressSink(A, Caller, Call->getArg(Index), AtCall, Out, Depth + 1);
+    }
+    return;
+  }
   std::optional<Location> L = locationOf(Lkey);
   if (!L || L->Steps.empty())
     return;
-  if (std::optional<FieldStore> Member = A.classify(*L)) {
-    if (Member->Role == FieldRole::LocalDmaLkey) {
-      Sink.LocalDmaLkey = true;
-      return;
-    }
-    if (Member->Role == FieldRole::Lkey && Member->Struct->Role == StructRole::Mr) {
-      Sink.Region = Member->Object;
-      Sink.RegionFn = Fn;
-    }
+  std::optional<FieldStore> Member = A.classify(*L);
+  if (!Member)
+    return;
+  ReadSink Sink = Proto;
+  if (Member->Role == FieldRole::LocalDmaLkey) {
+    Sink.LocalDmaLkey = true;
+    Out.push_back(Sink);
+  } else if (Member->Role == FieldRole::Lkey &&
+             Member->Struct->Role == StructRole::Mr) {
+    Sink.Region = Member->Object;
+    Sink.RegionFn = Fn;
+    Out.push_back(Sink);
   }
 }
 
@@ -192,12 +284,8 @@ static void sinksOfSgList(const TuAnalysis &A, const FunctionDecl *Fn,
     if (L.Role == FieldRole::Lkey && L.Value && A.withinStorage(L.Object, L.Fn, *Sg, Fn))
       Lkeys.push_back(&L);
   preferLocal(Lkeys, Fn);
-  for (const FieldStore *L : Lkeys) {
-    ReadSink Sink = Proto;
-    addressSink(A, L->Fn, L->Value, Sink);
-    if (Sink.Region || Sink.LocalDmaLkey)
-      Out.push_back(Sink);
-  }
+  for (const FieldStore *L : Lkeys)
+    addressSink(A, L->Fn, L->Value, Proto, Out);
 }
 
 /// Local memory of the RDMA work requests with one of \p Ops.
@@ -207,7 +295,7 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
   std::vector<ReadSink> Out;
   // Work requests built field by field.
   for (const FieldStore &S : A.stores()) {
-    if (S.Role != FieldRole::Opcode || !llvm::any_of(opcodesOf(A, S), Wanted))
+    if (S.Role != FieldRole::Opcode)
       continue;
     std::vector<const FieldStore *> Lists;
     for (const FieldStore &List : A.stores())
@@ -215,11 +303,13 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
           A.sameStorage(List.Object, List.Fn, S.Object, S.Fn))
         Lists.push_back(&List);
     preferLocal(Lists, S.Fn);
-    for (const FieldStore *List : Lists)
-      sinksOfSgList(A, List->Fn, List->Value,
-                    {S.Fn, S.Spelling->getBeginLoc(), std::nullopt, nullptr,
-                     false},
-                    Out);
+    for (const OpcodeContext &Ctx : opcodeContexts(A, S)) {
+      if (!llvm::any_of(Ctx.Ops, Wanted))
+        continue;
+      for (const FieldStore *List : Lists)
+        sinksOfSgList(A, List->Fn, List->Value,
+                      {Ctx.Fn, Ctx.At, std::nullopt, nullptr, false}, Out);
+    }
   }
   // librdmacm helpers and the extended post API.
   const ApiCall *PendingRead = nullptr;
@@ -243,11 +333,9 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
     if (C.Model->E == Effect::WrxSge && PendingRead &&
         PendingRead->Caller == C.Caller) {
       Proto.ReadLoc = PendingRead->Call->getBeginLoc();
-      if (const Expr *Lkey = C.arg(ArgRole::Lkey)) {
-        addressSink(A, C.Caller, Lkey, Proto);
-        if (Proto.Region || Proto.LocalDmaLkey)
-          Out.push_back(Proto);
-      } else if (const Expr *List = C.arg(ArgRole::SgList)) {
+      if (const Expr *Lkey = C.arg(ArgRole::Lkey))
+        addressSink(A, C.Caller, Lkey, Proto, Out);
+      else if (const Expr *List = C.arg(ArgRole::SgList)) {
         sinksOfSgList(A, C.Caller, List, Proto, Out);
       }
       PendingRead = nullptr;

@@ -90,6 +90,15 @@ std::vector<const AccessSite *> rightsOf(const TuAnalysis &A,
                                          const Location &Region,
                                          const clang::FunctionDecl *Fn);
 
+/// The sites that give the sink of a READ (or the source of a WRITE) its
+/// rights, as seen from the function that builds or posts it: rightsOf()
+/// its region, preferring registrations requested in that same function
+/// (`lmig_pull_dirty()` sets reg_wr.access itself and lets a helper build
+/// the READ).
+std::vector<const AccessSite *> sinkRights(const TuAnalysis &A,
+                                           llvm::ArrayRef<AccessSite> Sites,
+                                           const ReadSink &Sink);
+
 /// Spelled names of the access bits set in \p Bits: "IBV_ACCESS_REMOTE_WRITE".
 std::string accessNames(const TuAnalysis &A, Domain D, uint64_t Bits);
 

@@ -78,16 +78,75 @@ static int demo_read_registered(struct demo_port *p, struct demo_read_ctx *ctx,
 	ctx->reg_wr.wr.opcode = IB_WR_REG_MR;
 	ctx->reg_wr.mr = ctx->mr;
 	ctx->reg_wr.access = IB_ACCESS_LOCAL_WRITE;
-	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: memory registered without IB_ACCESS_REMOTE_WRITE is the sink of an RDMA READ; on iWARP the READ response is a tagged write into the sink, so the READ fails; let rdma_rw_ctx_init() register the buffer
 	ctx->reg_wr.wr.next = &ctx->rdma_wr.wr;
 	ctx->sge.lkey = ctx->mr->lkey;
 	ctx->rdma_wr.wr.opcode = IB_WR_RDMA_READ;
-	// CHECK-MESSAGES: :[[@LINE-1]]:2: note: RDMA READ into this memory
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: RDMA READ into memory registered without IB_ACCESS_REMOTE_WRITE; on iWARP the READ response is a tagged write into the sink, so the READ fails; let rdma_rw_ctx_init() register the buffer
+	// CHECK-MESSAGES: :[[@LINE-5]]:2: note: the sink is registered here
 	ctx->rdma_wr.wr.sg_list = &ctx->sge;
 	ctx->rdma_wr.wr.num_sge = 1;
 	ctx->rdma_wr.remote_addr = raddr;
 	ctx->rdma_wr.rkey = rkey;
 	return ib_post_send(p->qp, &ctx->reg_wr.wr, NULL);
+}
+
+/* (a) The choice spelled as if/else on the node's transport: one choice,
+ * reported once. */
+static void demo_prep_sink_legacy(struct demo_port *p, struct demo_read_ctx *ctx,
+				  unsigned int node_type)
+{
+	ctx->reg_wr.wr.opcode = IB_WR_REG_MR;
+	ctx->reg_wr.mr = ctx->mr;
+	if (rdma_node_get_transport(node_type) == RDMA_TRANSPORT_IWARP)
+		ctx->reg_wr.access = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE;
+	else
+		ctx->reg_wr.access = IB_ACCESS_LOCAL_WRITE;
+	// CHECK-MESSAGES: :[[@LINE-3]]:3: warning: access flags for 'IB_WR_REG_MR' are chosen by an inline transport test
+	// CHECK-MESSAGES: :[[@LINE-5]]:6: note: transport tested here
+}
+
+/* (b) A helper builds the RDMA work request for the opcode its caller
+ * picks; the caller sets the registration's rights. The pull (a READ into
+ * a LOCAL_WRITE-only MR) is reported at its call; the push (a WRITE) is
+ * not. */
+struct demo_xfer {
+	struct demo_port *port;
+	struct ib_mr *mr;
+	struct ib_reg_wr reg_wr;
+	struct ib_rdma_wr rdma_wr;
+	struct ib_sge sge;
+};
+
+static void demo_xfer_build(struct demo_xfer *x, enum ib_wr_opcode op,
+			    u64 raddr, u32 rkey)
+{
+	x->reg_wr.wr.opcode = IB_WR_REG_MR;
+	x->reg_wr.mr = x->mr;
+	x->sge.addr = x->mr->iova;
+	x->sge.length = x->mr->length;
+	x->sge.lkey = x->mr->lkey;
+	x->rdma_wr.wr.opcode = op;
+	x->rdma_wr.wr.sg_list = &x->sge;
+	x->rdma_wr.wr.num_sge = 1;
+	x->rdma_wr.remote_addr = raddr;
+	x->rdma_wr.rkey = rkey;
+	x->reg_wr.wr.next = &x->rdma_wr.wr;
+}
+
+int demo_xfer_pull(struct demo_xfer *x, u64 raddr, u32 rkey)
+{
+	x->reg_wr.access = IB_ACCESS_LOCAL_WRITE;
+	demo_xfer_build(x, IB_WR_RDMA_READ, raddr, rkey);
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: RDMA READ into memory registered without IB_ACCESS_REMOTE_WRITE
+	// CHECK-MESSAGES: :[[@LINE-3]]:2: note: the sink is registered here
+	return ib_post_send(x->port->qp, &x->reg_wr.wr, NULL);
+}
+
+int demo_xfer_push(struct demo_xfer *x, u64 raddr, u32 rkey)
+{
+	x->reg_wr.access = IB_ACCESS_LOCAL_WRITE;
+	demo_xfer_build(x, IB_WR_RDMA_WRITE, raddr, rkey);
+	return ib_post_send(x->port->qp, &x->reg_wr.wr, NULL);
 }
 
 /* Near misses. */
