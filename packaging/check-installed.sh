@@ -48,7 +48,11 @@ cmake -S regcore-example -B cmake-build >/dev/null && cmake --build cmake-build 
 
 step "libregcore.so exports"
 nm -D --defined-only /usr/lib/*/libregcore.so.0 | awk '{print $3}' | grep -vc '^regcore_'
-nm -D --defined-only /usr/lib/*/libregcore.so.0 | awk '{print $3}' | grep -c '^regcore_'
+# Every function regcore.h declares, and nothing else, is exported.
+diff <(nm -D --defined-only /usr/lib/*/libregcore.so.0 | awk '{print $3}' |
+         sed -n 's/^\(regcore_[a-z0-9_]*\).*/\1/p' | sort -u) \
+     <(grep -oE '\bregcore_[a-z0-9_]+ *\(' /usr/include/regcore/regcore.h |
+         tr -d ' (' | sort -u) && echo "same as regcore.h"
 
 step "the build and source trees"
 # $1, $2: where the source and build trees are on the host.
