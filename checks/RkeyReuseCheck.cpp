@@ -4,6 +4,7 @@
 #include "engine/Lifecycle.h"
 #include "engine/WorkRequests.h"
 #include "clang/AST/ASTContext.h"
+#include "clang/AST/ParentMap.h"
 #include "clang/Lex/Lexer.h"
 
 using namespace clang;
@@ -25,6 +26,33 @@ static bool isIncrementedKey(const TuAnalysis &A, const FunctionDecl *Fn,
       if (!D || D->K != Def::Assign || !isIncrementedKey(A, Fn, D->Value, Depth + 1))
         return false;
   return locationOf(E).has_value();
+}
+
+/// Is \p E (through locals) the MR's current key, masked or cast but not
+/// changed (`key = mr->rkey & 0xff; ib_update_fast_reg_key(mr, key)`)?
+/// `++key`, counters and anything else may well be new keys.
+static bool isCurrentKey(const TuAnalysis &A, const FunctionDecl *Fn,
+                         const Expr *E, unsigned Depth = 0) {
+  E = stripExpr(E);
+  if (!E || Depth > 4)
+    return false;
+  if (const auto *BO = dyn_cast<BinaryOperator>(E))
+    return (BO->getOpcode() == BO_And || BO->getOpcode() == BO_Or) &&
+           (isCurrentKey(A, Fn, BO->getLHS(), Depth + 1) ||
+            isCurrentKey(A, Fn, BO->getRHS(), Depth + 1));
+  if (const auto *ME = dyn_cast<MemberExpr>(E)) {
+    std::optional<FieldStore> F = A.classifyMember(ME);
+    return F && F->Role == FieldRole::Rkey && F->Struct->Role == StructRole::Mr;
+  }
+  if (!isa<DeclRefExpr>(E))
+    return false;
+  auto L = locationOf(E);
+  if (!L)
+    return false;
+  auto Defs = A.flow(Fn).reaching(A.flow(Fn).resolve(*L), E);
+  return !Defs.empty() && llvm::all_of(Defs, [&](const Def *D) {
+    return D && D->K == Def::Assign && isCurrentKey(A, Fn, D->Value, Depth + 1);
+  });
 }
 
 /// The rules' fix-it template \p T with its one placeholder \p Name.
@@ -52,6 +80,48 @@ static std::optional<FixItHint> rotationFix(const TuAnalysis &A, const Stmt *At,
   return FixItHint::CreateInsertion(Begin, Text + "\n" + Indent.str());
 }
 
+/// Does reaching \p At imply having passed \p S (both in \p Fn, \p S
+/// first)? Yes unless \p S sits in a branch, loop body or case that does
+/// not also hold \p At.
+static bool dominates(const TuAnalysis &A, const FunctionDecl *Fn, const Stmt *S,
+                      const Stmt *At) {
+  const ParentMap &PM = A.flow(Fn).parents();
+  for (const Stmt *Child = S, *P = PM.getParent(S); P;
+       Child = P, P = PM.getParent(P)) {
+    bool Branch = (isa<IfStmt>(P) && cast<IfStmt>(P)->getCond() != Child) ||
+                  isa<ForStmt>(P) || isa<WhileStmt>(P) || isa<SwitchCase>(P) ||
+                  isa<ConditionalOperator>(P) ||
+                  (isa<BinaryOperator>(P) && cast<BinaryOperator>(P)->isLogicalOp());
+    if (!Branch)
+      continue;
+    // `At` must sit in the same child of P (the same branch or loop body).
+    for (const Stmt *Q = At; Q; Q = PM.getParent(Q))
+      if (Q == Child)
+        return true;
+    return false;
+  }
+  return true;
+}
+
+/// How a rotation in the registering function fails to give this REG_MR a
+/// new key, if it does: it runs on some paths only, after the key was
+/// captured, or writes back the key the MR already has.
+static std::optional<std::string> rotationGap(const TuAnalysis &A,
+                                              const LifeEvent &Rot,
+                                              const FieldStore &Reg) {
+  const SourceManager &SM = A.sources();
+  if (!SM.isBeforeInTranslationUnit(Rot.S->getBeginLoc(), Reg.At->getBeginLoc()))
+    return "the key is rotated only after the registration took it";
+  if (!dominates(A, Reg.Fn, Rot.S, Reg.At))
+    return "the key is rotated on some paths only";
+  const auto *CE = dyn_cast<CallExpr>(Rot.S);
+  const FunctionModel *M = CE ? A.modelOf(CE) : nullptr;
+  std::optional<unsigned> Key = M ? M->arg(ArgRole::Key) : std::nullopt;
+  if (Key && *Key < CE->getNumArgs() && isCurrentKey(A, Reg.Fn, CE->getArg(*Key)))
+    return "the key written back is not a new one";
+  return std::nullopt;
+}
+
 void RkeyReuseCheck::run(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
   std::set<SlotKey> Done;
@@ -63,14 +133,34 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
     if (!Loc)
       continue;
     SlotKey Slot = slotOf(A, *Loc, S.Fn);
-    if (L.has(Slot, LifeEventKind::Rotate) || !Done.insert(Slot).second)
+    // Rotations elsewhere (a map helper, a completion) are trusted, unless
+    // this function rotates itself: then its own rotation must give this
+    // registration its new key.
+    std::vector<const LifeEvent *> Here;
+    bool Elsewhere = false;
+    for (const LifeEvent &E : L.events())
+      if (E.K == LifeEventKind::Rotate && E.Slot == Slot)
+        (E.Fn == S.Fn && E.S ? Here.push_back(&E) : void(Elsewhere = true));
+    std::optional<std::string> Gap;
+    if (!Here.empty()) {
+      for (const LifeEvent *R : Here) {
+        Gap = rotationGap(A, *R, S);
+        if (!Gap)
+          break;
+      }
+      if (!Gap)
+        continue;
+    } else if (Elsewhere) {
+      continue;
+    }
+    if (!Gap && !Done.insert(Slot).second)
       continue;
     const LifeEvent *Produced = L.first(Slot, LifeEventKind::Produce);
     if (Produced && !Produced->Reusable)
       continue; // a fresh registration each time
     // Registered again only if the MR comes back: from a pool, or after an
     // invalidation. An MR registered once for its lifetime keeps its key.
-    bool Reused = (Produced && Produced->By == Effect::MrPoolGet) ||
+    bool Reused = Gap || (Produced && Produced->By == Effect::MrPoolGet) ||
                   L.has(Slot, LifeEventKind::InvalidatePost) ||
                   L.has(Slot, LifeEventKind::InvalidateRemote) ||
                   L.has(Slot, LifeEventKind::Release);
@@ -79,14 +169,22 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
     {
       std::string Rotation =
           StringRef(fixText(A, FixTemplate::RotateKey, "mr", "mr")).rtrim(';').str();
-      DiagnosticBuilder D = reportUnless(
-          A, S.At->getBeginLoc(),
-          A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr).str() +
-              " re-registers an MR without rotating its key (" + Rotation +
-              "); a peer that kept the old rkey reaches the new buffer",
-          Lifecycle::fact(FactKind::Rotates, Slot));
-      if (auto Fix = rotationFix(A, S.At, S.Value))
-        D << *Fix;
+      std::string Op = A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr).str();
+      std::string Message =
+          Gap ? Op + " may re-register an MR with its previous key: " + *Gap +
+                    " (" + Rotation + " must run on every path before the key "
+                    "is read); a peer that kept the old rkey reaches the new buffer"
+              : Op + " re-registers an MR without rotating its key (" + Rotation +
+                    "); a peer that kept the old rkey reaches the new buffer";
+      // A rotation this function gets wrong is this unit's finding; none at
+      // all may still happen in another unit.
+      DiagnosticBuilder D =
+          Gap ? report(A, S.At->getBeginLoc(), Message)
+              : reportUnless(A, S.At->getBeginLoc(), Message,
+                             Lifecycle::fact(FactKind::Rotates, Slot));
+      if (!Gap)
+        if (auto Fix = rotationFix(A, S.At, S.Value))
+          D << *Fix;
     }
     if (Produced)
       note(A, Produced->Loc, "MR taken from '" + Produced->What + "' here");
