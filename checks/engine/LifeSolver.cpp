@@ -98,11 +98,14 @@ struct PathState {
   /// The loop whose current iteration produced the handle held now (an
   /// element of an array), until the path leaves that loop normally.
   const Stmt *ProducingLoop = nullptr;
+  /// The completion this function handles failed on this path
+  /// (`wc->status != IB_WC_SUCCESS`).
+  bool WcFailed = false;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
-                    Bound, Staged, Reported, ProducingLoop);
+                    Bound, Staged, Reported, ProducingLoop, WcFailed);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -749,6 +752,10 @@ private:
       LC.Holding.insert(&E);
     switch (S.L) {
     case Life::Exposed:
+      if (trustsCompletion(W, S)) {
+        Invalidated = true;
+        break;
+      }
       if (!S.Reported)
         incident(W, S.Mismatch ? LifeIncident::ReleaseAfterMismatch
                                : LifeIncident::ReleaseWhileExposed,
@@ -903,6 +910,9 @@ private:
       // Wrong because of the state the helper was called in: this call is
       // where the mistake is made.
       LifeIncident J = boundIncident(I, S, CE);
+      if (fromEntry(I) && J.K == LifeIncident::ReleaseWhileExposed &&
+          trustsCompletion(W, S))
+        continue;
       if (fromEntry(I)) {
         J.Anchor = CE;
         J.AnchorFn = W.Fn;
@@ -981,6 +991,8 @@ private:
         S.ErrorBranch = If;
     }
     compareKeys(W, Cond, Term, Then, S);
+    if (std::optional<bool> Failed = completionFailed(Cond, Then))
+      S.WcFailed = *Failed;
     // `if (wc->opcode == IBV_WC_LOCAL_INV)`, `if ((wc->wr_id & 3) == INV)`
     if (holds(S.L))
       if (const auto *BO = dyn_cast<BinaryOperator>(stripExpr(Cond)); BO && BO->isEqualityOp())
@@ -1097,6 +1109,50 @@ private:
 
   /// `wc->ex.invalidate_rkey != req->mr->rkey`: the claim holds on one
   /// branch and is false on the other.
+  /// Does taking this branch of \p Cond mean the completion failed
+  /// (`wc->status != IB_WC_SUCCESS`, `if (wc->status)`)? Null when the
+  /// condition does not test a completion's status.
+  std::optional<bool> completionFailed(const Expr *Cond, bool Then) {
+    bool Negated = false;
+    Cond = stripNegation(Cond, Negated);
+    if (!Cond)
+      return std::nullopt;
+    auto IsStatus = [&](const Expr *E) {
+      const auto *ME = dyn_cast<MemberExpr>(stripExpr(E));
+      std::optional<FieldStore> F = ME ? A.classifyMember(ME) : std::nullopt;
+      return F && F->Role == FieldRole::WcStatus;
+    };
+    std::optional<bool> FailedOnTrue;
+    if (IsStatus(Cond))
+      FailedOnTrue = true;
+    else if (const auto *BO = dyn_cast<BinaryOperator>(stripExpr(Cond));
+             BO && BO->isEqualityOp() && (IsStatus(BO->getLHS()) || IsStatus(BO->getRHS())))
+      FailedOnTrue = BO->getOpcode() == BO_NE;
+    if (!FailedOnTrue)
+      return std::nullopt;
+    return (*FailedOnTrue != Negated) == Then;
+  }
+
+  /// A unit that invalidates a slot after each I/O ends its requests from
+  /// completions once the invalidation is done (nvme-rdma's send and
+  /// response completions, xprtrdma's LOCAL_INV completion). A release on
+  /// a completion's success path is trusted to come after the
+  /// invalidation; on its failure path it is the skipped invalidation.
+  /// Only the function that sees the completion can tell its outcome: a
+  /// helper it calls is judged at the call.
+  bool trustsCompletion(const Walk &W, const PathState &S) {
+    return AfterUse.count(W.Slot) && !S.WcFailed && handlesCompletion(W.Fn);
+  }
+
+  /// Does \p Fn receive a completion (a work completion parameter, or a
+  /// wr_cqe done callback)?
+  bool handlesCompletion(const FunctionDecl *Fn) {
+    for (const ParmVarDecl *P : Fn->parameters())
+      if (const StructModel *S = A.structOf(P->getType()); S && S->Role == StructRole::Wc)
+        return true;
+    return DoneCallbacks.count(Fn) != 0;
+  }
+
   void compareKeys(Walk &W, const Expr *Cond, const Stmt *Term, bool Then,
                    PathState &S) {
     bool Negated = false;
@@ -1431,10 +1487,7 @@ private:
   /// A function that runs when an I/O completes: it receives a completion,
   /// is a work request's done callback, or is called only from those.
   bool onCompletionPath(const FunctionDecl *Fn, unsigned Depth = 0) {
-    for (const ParmVarDecl *P : Fn->parameters())
-      if (const StructModel *S = A.structOf(P->getType()); S && S->Role == StructRole::Wc)
-        return true;
-    if (DoneCallbacks.count(Fn))
+    if (handlesCompletion(Fn))
       return true;
     auto Callers = A.callersOf(Fn);
     if (Callers.empty() || Depth > 4)
