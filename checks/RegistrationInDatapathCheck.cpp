@@ -2,6 +2,7 @@
 
 #include "RegistrationInDatapathCheck.h"
 #include "engine/Inventory.h"
+#include "engine/Lifecycle.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/ParentMap.h"
 #include "clang/AST/RecursiveASTVisitor.h"
@@ -16,20 +17,77 @@ static bool isPerIoCall(Effect E) {
 }
 
 namespace {
-/// Does an expression name the storage \p L?
+/// Does an expression name the storage \p L (both seen through the
+/// function's local aliases, `b = &rdma->blocks[i]`)?
 class NamesLocation : public RecursiveASTVisitor<NamesLocation> {
 public:
-  explicit NamesLocation(const Location &L) : L(L) {}
+  NamesLocation(const FunctionFlow &Flow, const Location &L)
+      : Flow(Flow), L(Flow.resolve(L)) {}
   bool VisitExpr(Expr *E) {
-    if (isa<DeclRefExpr>(E) || isa<MemberExpr>(E))
-      if (std::optional<Location> Named = locationOf(E); Named && *Named == L)
+    if (isa<DeclRefExpr>(E) || isa<MemberExpr>(E) || isa<ArraySubscriptExpr>(E))
+      if (std::optional<Location> Named = locationOf(E);
+          Named && Flow.resolve(*Named) == L)
         Found = true;
     return !Found;
   }
-  const Location &L;
+  const FunctionFlow &Flow;
+  Location L;
   bool Found = false;
 };
 } // namespace
+
+static const Stmt *enclosingLoop(const ParentMap &PM, const Stmt *S) {
+  for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
+    if (isa<ForStmt>(P) || isa<WhileStmt>(P) || isa<DoStmt>(P))
+      return P;
+  return nullptr;
+}
+
+/// A registration cache: the function first searches for a registration it
+/// can reuse (`for (...) if (e->buf == buf) return e->mr;`) and registers,
+/// or evicts, only on a miss. Its registrations are not per I/O.
+static bool fillsCache(const TuAnalysis &A, const ApiCall &C) {
+  const ParentMap &PM = A.flow(C.Caller).parents();
+  const SourceManager &SM = A.sources();
+  bool Hit = false;
+  std::function<void(const Stmt *)> Scan = [&](const Stmt *S) {
+    if (!S || Hit)
+      return;
+    if (const auto *RS = dyn_cast<ReturnStmt>(S))
+      if (const Expr *V = RS->getRetValue())
+        if (isHandleType(A, V->getType()) && enclosingLoop(PM, RS) &&
+            SM.isBeforeInTranslationUnit(RS->getBeginLoc(), C.Call->getBeginLoc()))
+          Hit = true;
+    for (const Stmt *Child : S->children())
+      Scan(Child);
+  };
+  Scan(C.Caller->getBody());
+  return Hit;
+}
+
+/// A session function (`echo_serve_one`, a benchmark's run loop): it
+/// registers once, outside the loop in which it posts or polls.
+static bool registersOutsideItsLoop(const TuAnalysis &A, const ApiCall &C,
+                                    const DatapathReason &Why) {
+  if (Why.Seed != C.Caller)
+    return false;
+  const ParentMap &PM = A.flow(C.Caller).parents();
+  if (enclosingLoop(PM, C.Call))
+    return false;
+  bool Any = false;
+  for (const ApiCall &D : A.calls()) {
+    if (D.Caller != C.Caller)
+      continue;
+    Effect E = D.Model->E;
+    if (E != Effect::PostSend && E != Effect::PostCm && E != Effect::WrxComplete &&
+        E != Effect::RwPost && E != Effect::CqPoll)
+      continue;
+    if (!enclosingLoop(PM, D.Call))
+      return false;
+    Any = true;
+  }
+  return Any;
+}
 
 /// `if (!buf->mr) buf->mr = ibv_reg_mr(...)`: registered once, on first
 /// use, then cached; not per I/O.
@@ -40,7 +98,7 @@ static bool registersLazily(const TuAnalysis &A, const ApiCall &C) {
   const ParentMap &PM = A.flow(C.Caller).parents();
   for (const Stmt *S = PM.getParent(C.Call); S; S = PM.getParent(S))
     if (const auto *If = dyn_cast<IfStmt>(S)) {
-      NamesLocation Finder(*Result);
+      NamesLocation Finder(A.flow(C.Caller), *Result);
       Finder.TraverseStmt(const_cast<Expr *>(If->getCond()));
       if (Finder.Found)
         return true;
@@ -73,9 +131,14 @@ static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
     const auto *VD = dyn_cast_or_null<VarDecl>(R.Root);
     return VD && VD->hasGlobalStorage();
   }
-  const FieldDecl *Last = R.Steps.back().Field;
+  // An array element counts by the struct holding the array: a
+  // connection's table of MRs (`conn->cmd_mrs[i]`) is filled once.
+  const FieldDecl *Last = nullptr;
+  for (const Location::Step &Step : llvm::reverse(R.Steps))
+    if ((Last = Step.Field))
+      break;
   if (!Last)
-    return false; // an array element: one of many, per request
+    return false;
   return llvm::any_of(Last->getParent()->fields(), [&](const FieldDecl *F) {
     return isConnectionType(A, F->getType());
   });
@@ -101,6 +164,8 @@ void RegistrationInDatapathCheck::run(const TuAnalysis &A) {
         registersLazily(A, *S.Call) || heldPerConnection(A, *S.Call))
       continue;
     const DatapathReason *Why = Inv.datapath(S.Fn);
+    if (fillsCache(A, *S.Call) || registersOutsideItsLoop(A, *S.Call, *Why))
+      continue;
     // Exposed memory gets no cache rewrite (the inventory offers none): its
     // key must die with its I/O.
     bool Exposed = S.Role == SiteRole::Expose;

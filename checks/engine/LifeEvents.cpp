@@ -478,6 +478,7 @@ private:
       break;
     case Effect::WaitCompletion:
     case Effect::CqPoll:
+    case Effect::QpDrain: // every posted work request has completed
       add(event(LifeEventKind::Wait, SlotKey(), Fn, CE, Loc, Name));
       break;
     case Effect::WaitCompletionTimeout: {

@@ -682,6 +682,11 @@ private:
       S.L = Life::Invalidated;
       break;
     case LifeEventKind::Deregister:
+      // Destroying the MR under a LOCAL_INV still queued for it.
+      if (S.L == Life::InvalPosted && !S.Waited && !S.Reported) {
+        incident(W, LifeIncident::ReleaseBeforeInvalidated, &E, S);
+        S.Reported = true;
+      }
       S.L = Life::Released;
       S.Pending = nullptr;
       break;

@@ -93,3 +93,32 @@ static int demo_queue_pooled(struct demo_queue *q, struct demo_req *req)
 	req->reg_wr.mr = req->mr;
 	return ib_post_send(q->qp, &req->reg_wr.wr, NULL);
 }
+
+/* Near miss: after login, the session fills its connection's table of
+ * fast-registration MRs in a loop, once per connection; the login request
+ * it then posts does not make the table per I/O. */
+#define DEMO_SESSION_CMDS 16
+
+struct demo_session {
+	struct ib_pd *pd;
+	struct ib_qp *qp;
+	struct ib_mr *cmd_mrs[DEMO_SESSION_CMDS];
+	struct ib_send_wr login_wr;
+};
+
+int demo_session_start(struct demo_session *s)
+{
+	int i;
+
+	for (i = 0; i < DEMO_SESSION_CMDS; i++) {
+		s->cmd_mrs[i] = ib_alloc_mr(s->pd, IB_MR_TYPE_MEM_REG, 32);
+		if (IS_ERR(s->cmd_mrs[i])) {
+			int ret = PTR_ERR(s->cmd_mrs[i]);
+
+			while (--i >= 0)
+				ib_dereg_mr(s->cmd_mrs[i]);
+			return ret;
+		}
+	}
+	return ib_post_send(s->qp, &s->login_wr, NULL);
+}

@@ -196,3 +196,118 @@ void ulp_login_wc(struct ulp_login_conn *lc, struct ibv_wc *wc)
     ulp_free_login(lc);
   }
 }
+
+/* Near miss: a registration cache. The sender looks for a registration of
+ * the buffer first and registers (evicting a victim) only on a miss. */
+#define ULP_RCACHE_SLOTS 8
+
+struct ulp_rcache_entry {
+  const void *buf;
+  size_t len;
+  struct ibv_mr *mr;
+};
+
+struct ulp_rcache_ep {
+  struct ibv_pd *pd;
+  struct ibv_qp *qp;
+  struct ulp_rcache_entry slots[ULP_RCACHE_SLOTS];
+  unsigned int next;
+};
+
+static struct ibv_mr *ulp_rcache_get(struct ulp_rcache_ep *ep, const void *buf,
+                                     size_t len)
+{
+  struct ulp_rcache_entry *e;
+  unsigned int i;
+
+  for (i = 0; i < ULP_RCACHE_SLOTS; i++) {
+    e = &ep->slots[i];
+    if (e->mr && e->buf == buf && e->len >= len)
+      return e->mr;
+  }
+  e = &ep->slots[ep->next++ % ULP_RCACHE_SLOTS];
+  if (e->mr)
+    ibv_dereg_mr(e->mr);
+  e->buf = buf;
+  e->len = len;
+  e->mr = ibv_reg_mr(ep->pd, (void *)buf, len, IBV_ACCESS_LOCAL_WRITE);
+  return e->mr;
+}
+
+int ulp_rcache_send(struct ulp_rcache_ep *ep, const void *buf, size_t len)
+{
+  struct ibv_mr *mr = ulp_rcache_get(ep, buf, len);
+  struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = (uint32_t)len};
+  struct ibv_send_wr wr = {0}, *bad;
+
+  if (!mr)
+    return -errno;
+  sge.lkey = mr->lkey;
+  wr.opcode = IBV_WR_SEND;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  return ibv_post_send(ep->qp, &wr, &bad);
+}
+
+/* Near miss: a session function registers its two message buffers once,
+ * then echoes in a loop; only the loop is per I/O. */
+int ulp_echo_session(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_cq *cq,
+                     char *msg, size_t len, int rounds)
+{
+  struct ibv_mr *mr = ibv_reg_mr(pd, msg, len, IBV_ACCESS_LOCAL_WRITE);
+  struct ibv_sge sge;
+  struct ibv_send_wr wr, *bad;
+  struct ibv_wc wc;
+  int ret = 0;
+
+  if (!mr)
+    return -errno;
+  while (rounds--) {
+    memset(&wr, 0, sizeof(wr));
+    sge.addr = (uintptr_t)msg;
+    sge.length = (uint32_t)len;
+    sge.lkey = mr->lkey;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ret = ibv_post_send(qp, &wr, &bad);
+    if (ret)
+      break;
+    while (ibv_poll_cq(cq, 1, &wc) == 0)
+      ;
+  }
+  ibv_dereg_mr(mr);
+  return ret;
+}
+
+/* Positive: the same shape, but the buffer is registered inside the loop,
+ * for every round. */
+int ulp_echo_session_per_round(struct ibv_pd *pd, struct ibv_qp *qp, char *msg,
+                               size_t len, int rounds)
+{
+  struct ibv_sge sge;
+  struct ibv_send_wr wr, *bad;
+  int ret = 0;
+
+  while (rounds--) {
+    struct ibv_mr *mr = ibv_reg_mr(pd, msg, len, IBV_ACCESS_LOCAL_WRITE);
+    // CHECK-MESSAGES: :[[@LINE-1]]:25: warning: 'ibv_reg_mr' runs once per I/O: 'ulp_echo_session_per_round' posts work requests (ibv_post_send)
+
+    if (!mr)
+      return -errno;
+    memset(&wr, 0, sizeof(wr));
+    sge.addr = (uintptr_t)msg;
+    sge.length = (uint32_t)len;
+    sge.lkey = mr->lkey;
+    wr.opcode = IBV_WR_SEND;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ret = ibv_post_send(qp, &wr, &bad);
+    ibv_dereg_mr(mr);
+    // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'ibv_dereg_mr' runs once per I/O: 'ulp_echo_session_per_round' posts work requests (ibv_post_send)
+    if (ret)
+      break;
+  }
+  return ret;
+}

@@ -75,3 +75,46 @@ static void ok_inv_done(struct demo_queue *q, struct demo_mr *m)
 	ib_dma_unmap_sg(q->dev, m->sgl, m->nents, DMA_FROM_DEVICE);
 	ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, m->mr);
 }
+
+/* Teardown of an agent that exposed a status buffer: the MR is destroyed
+ * while the unsignaled LOCAL_INV for its key may still be queued. */
+struct demo_agent {
+	struct ib_qp *qp;
+	struct ib_mr *status_mr;
+	bool status_exposed;
+};
+
+void demo_agent_destroy(struct demo_agent *a)
+{
+	struct ib_send_wr inv = {
+		.opcode = IB_WR_LOCAL_INV,
+		.send_flags = 0,
+	};
+
+	if (a->status_exposed) {
+		inv.ex.invalidate_rkey = a->status_mr->rkey;
+		ib_post_send(a->qp, &inv, NULL);
+	}
+	ib_dereg_mr(a->status_mr);
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_dereg_mr' runs right after posting an unsignaled LOCAL_INV; until the invalidation completes the peer can still access the memory being released [rdma-unmap-before-invalidate]
+	// CHECK-MESSAGES: :[[@LINE-4]]:3: note: LOCAL_INV posted here
+	ib_destroy_qp(a->qp);
+}
+
+/* Near miss: the QP is drained first; every queued work request, the
+ * LOCAL_INV included, has completed before the MR goes. */
+void demo_agent_destroy_drained(struct demo_agent *a)
+{
+	struct ib_send_wr inv = {
+		.opcode = IB_WR_LOCAL_INV,
+		.send_flags = 0,
+	};
+
+	if (a->status_exposed) {
+		inv.ex.invalidate_rkey = a->status_mr->rkey;
+		ib_post_send(a->qp, &inv, NULL);
+	}
+	ib_drain_qp(a->qp);
+	ib_dereg_mr(a->status_mr);
+	ib_destroy_qp(a->qp);
+}
