@@ -85,7 +85,7 @@ void QueueCapUncheckedCheck::run(const TuAnalysis &A) {
       if (Store == Q.Caps.end() || Floor == Portable.end())
         continue;
       std::optional<Linear> V = capValue(A, Q, Rule.Role);
-      if (!V || !V->isConstant() || V->Const <= Floor->second)
+      if (!V || !V->value() || *V->value() <= Floor->second)
         continue;
       // rdma_rw_init_qp() clamps max_send_wr when contexts are declared.
       if (Rule.Role == FieldRole::MaxSendWr && Q.Caps.count(FieldRole::MaxRdmaCtxs))
@@ -102,7 +102,7 @@ void QueueCapUncheckedCheck::run(const TuAnalysis &A) {
       if (Checked)
         continue;
       report(A, S.Spelling->getBeginLoc(),
-             fieldRoleName(Rule.Role).str() + " = " + std::to_string(V->Const) +
+             fieldRoleName(Rule.Role).str() + " = " + std::to_string(*V->value()) +
                  " is requested without comparing it with " + Rule.Limit +
                  "; QP creation fails on devices with smaller limits (" +
                  std::to_string(Floor->second) +

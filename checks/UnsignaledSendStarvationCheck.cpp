@@ -25,7 +25,7 @@ void UnsignaledSendStarvationCheck::checkNeverSignaled(const TuAnalysis &A,
   for (const QpCreation &Q : W.creations()) {
     if (Q.CoreManaged || !Q.SignalAll || *Q.SignalAll)
       continue;
-    SourceLocation Loc = Q.SignalStore->Spelling->getBeginLoc();
+    SourceLocation Loc = Q.SignalStore ? Q.SignalStore->Spelling->getBeginLoc() : Q.Call->Call->getBeginLoc();
     if (W.posts().empty()) {
       // The posts live in other files of the ULP.
       reportIfProgram(A, Loc,

@@ -37,6 +37,10 @@ static llvm::StringRef factVerb(FactKind K) {
   case FactKind::TearsDown: return "tears-down";
   case FactKind::GrantsRemoteWrite: return "grants-remote-write";
   case FactKind::LacksRemoteWrite: return "lacks-remote-write";
+  case FactKind::PostsRdma: return "posts-rdma";
+  case FactKind::PostsOn: return "posts-on";
+  case FactKind::SignalsOn: return "signals-on";
+  case FactKind::SendQueueCost: return "sq-cost";
   }
   return "";
 }

@@ -40,6 +40,10 @@ enum class FactKind {
   TearsDown,         // a teardown releases the handles of the struct
   GrantsRemoteWrite, // some registration of the slot may grant remote write
   LacksRemoteWrite,  // a registration of the slot surely grants no remote write
+  PostsRdma,         // the program posts RDMA READ/WRITE work requests itself
+  PostsOn,           // some unit posts on the QP stored in the subject
+  SignalsOn,         // ... and some post there asks for a completion
+  SendQueueCost,     // one request posts at least N WRs on a QP ("qp>=N")
 };
 
 /// The spelling units exchange: "exposes:nvme_rdma_request.mr".

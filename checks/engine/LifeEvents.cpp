@@ -478,7 +478,8 @@ private:
       break;
     case Effect::WaitCompletion:
     case Effect::CqPoll:
-    case Effect::QpDrain: // every posted work request has completed
+    case Effect::QpDrain:   // every posted work request has completed
+    case Effect::QpDrainSq: // ... every send work request
       add(event(LifeEventKind::Wait, SlotKey(), Fn, CE, Loc, Name));
       break;
     case Effect::WaitCompletionTimeout: {

@@ -4,10 +4,27 @@
 #include "Analysis.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/RecursiveASTVisitor.h"
+#include "clang/Lex/Lexer.h"
 
 using namespace clang;
 
 namespace ulplint {
+
+std::optional<int64_t> Linear::value() const {
+  if (Opaque)
+    return std::nullopt;
+  int64_t V = Const;
+  for (const LinearTerm &T : Terms) {
+    if (!T.Value)
+      return std::nullopt;
+    V += T.Coef * *T.Value;
+  }
+  return V;
+}
+
+bool Linear::hasUnknownTerms() const {
+  return llvm::any_of(Terms, [](const LinearTerm &T) { return !T.Value; });
+}
 
 std::string Linear::str() const {
   std::string S;
@@ -17,7 +34,12 @@ std::string Linear::str() const {
     else if (T.Coef < 0)
       S += "-";
     int64_t Abs = T.Coef < 0 ? -T.Coef : T.Coef;
-    S += std::to_string(Abs) + "*" + T.Symbol;
+    // A named constant reads as written (`+DEMO_EXTRA`); a quantity keeps
+    // its coefficient (`1*c->depth`).
+    if (T.Value && Abs == 1)
+      S += T.Symbol;
+    else
+      S += std::to_string(Abs) + "*" + T.Symbol;
   }
   if (Const || S.empty()) {
     if (!S.empty())
@@ -74,9 +96,17 @@ public:
 
 private:
   Linear evalInner(const Expr *E, unsigned Depth) {
+    if (std::optional<Linear> Named = namedConstant(E))
+      return *Named;
     E = stripExpr(E);
     if (!E || Depth > 12)
       return opaque(E);
+    // Sums and products keep the named constants inside them as terms:
+    // `NBDR_SLOTS + 1` is one entry per slot plus one, not 65.
+    if (const auto *BO = dyn_cast<BinaryOperator>(E))
+      if (BO->isAdditiveOp() || BO->getOpcode() == BO_Mul ||
+          BO->getOpcode() == BO_Comma)
+        return binary(BO, Depth);
     if (auto C = A.values(Fn).constant(E)) {
       Linear L;
       L.Const = *C;
@@ -109,10 +139,17 @@ private:
     Linear R = eval(BO->getRHS(), Depth + 1);
     if (Op == BO_Add || Op == BO_Sub)
       return add(L, R, Op == BO_Sub ? -1 : 1);
-    if (L.isConstant())
+    if (isNumber(L))
       return scale(R, L.Const);
-    if (R.isConstant())
+    if (isNumber(R))
       return scale(L, R.Const);
+    // A named constant times a quantity is a factor (`FACTOR * depth`); of
+    // two named constants the larger is the depth (`3 * SLOTS`).
+    std::optional<int64_t> LV = L.value(), RV = R.value();
+    if (LV && (!RV || *LV <= *RV))
+      return scale(R, *LV);
+    if (RV)
+      return scale(L, *RV);
     // Two quantities: keep the product as one named term.
     Linear P = merged(L, R);
     LinearTerm T;
@@ -171,9 +208,10 @@ private:
       if (Index >= CE->getNumArgs())
         return term(Use);
       Linear Arg = LinearEval(A, Caller).eval(CE->getArg(Index), Depth + 1);
-      if (!Arg.isConstant() || (Value && *Value != Arg.Const))
+      std::optional<int64_t> V = Arg.value();
+      if (!V || (Value && *Value != *V))
         return term(Use);
-      Value = Arg.Const;
+      Value = V;
     }
     Linear C;
     C.Const = *Value;
@@ -185,8 +223,60 @@ private:
     LinearTerm T;
     T.Symbol = exprText(Ctx, E);
     T.E = E;
+    LimitFinder LF(A);
+    LF.TraverseStmt(const_cast<Expr *>(E));
+    T.Limit = LF.Found;
     L.Terms.push_back(T);
     return L;
+  }
+
+  static bool isNumber(const Linear &L) {
+    return !L.Opaque && L.Terms.empty();
+  }
+
+  /// `NBDR_SLOTS` (`#define NBDR_SLOTS 64`, possibly parenthesized) or an
+  /// enumerator: a term with a known value.
+  std::optional<Linear> namedConstant(const Expr *E) {
+    const SourceManager &SM = Ctx.getSourceManager();
+    for (const Expr *Cur = E; Cur;) {
+      std::string Name;
+      std::optional<int64_t> Value;
+      if (const auto *DRE = dyn_cast<DeclRefExpr>(Cur)) {
+        if (const auto *ECD = dyn_cast<EnumConstantDecl>(DRE->getDecl())) {
+          Name = ECD->getName().str();
+          Value = ECD->getInitVal().getExtValue();
+        }
+      } else if (isa<IntegerLiteral>(Cur->IgnoreParenImpCasts()) &&
+                 Cur->getBeginLoc().isMacroID()) {
+        SourceLocation B = Cur->getBeginLoc(), End = Cur->getEndLoc();
+        // The immediate expansion ends right after the last token.
+        unsigned Len = Lexer::MeasureTokenLength(SM.getSpellingLoc(End), SM,
+                                                 Ctx.getLangOpts());
+        if (SM.isAtStartOfImmediateMacroExpansion(B) && End.isMacroID() &&
+            SM.isAtEndOfImmediateMacroExpansion(End.getLocWithOffset(Len)) &&
+            SM.getImmediateExpansionRange(B).getBegin() ==
+                SM.getImmediateExpansionRange(End).getBegin()) {
+          Name = Lexer::getImmediateMacroName(B, SM, Ctx.getLangOpts()).str();
+          Value = A.values(Fn).constant(Cur);
+        }
+      }
+      if (!Name.empty() && Value) {
+        Linear L;
+        LinearTerm T;
+        T.Symbol = Name;
+        T.E = E;
+        T.Value = Value;
+        L.Terms.push_back(T);
+        return L;
+      }
+      if (const auto *PE = dyn_cast<ParenExpr>(Cur))
+        Cur = PE->getSubExpr();
+      else if (const auto *CE = dyn_cast<CastExpr>(Cur))
+        Cur = CE->getSubExpr();
+      else
+        break;
+    }
+    return std::nullopt;
   }
 
   Linear opaque(const Expr *E, const Linear &X = Linear(),

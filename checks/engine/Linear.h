@@ -22,6 +22,11 @@ struct LinearTerm {
   int64_t Coef = 1;
   std::string Symbol;                 // source text: "queue->queue_size"
   const clang::Expr *E = nullptr;
+  /// A named constant (`#define NBDR_SLOTS 64`, an enumerator): a quantity
+  /// the code names, so it can be a queue depth, whose value is known.
+  std::optional<int64_t> Value;
+  /// The quantity reads a device limit (attrs.max_qp_wr).
+  bool Limit = false;
   /// A product of two quantities neither of which is constant
   /// (`ep->re_max_requests * depth`): Symbol is the product, Factors its
   /// operands' texts.
@@ -36,7 +41,12 @@ struct Linear {
   bool UsesCoreSizing = false; // rdma_rw_max_send_wr(), regcore, ...
   bool FromHelperFactor = false; // a factor computed by rdma_rw_mr_factor()
 
-  bool isConstant() const { return !Opaque && Terms.empty(); }
+  /// Every term has a known value.
+  bool isConstant() const { return value().has_value(); }
+  /// The number this evaluates to, named constants included.
+  std::optional<int64_t> value() const;
+  /// Terms whose value is not known (the queue depths of `a*X + b`).
+  bool hasUnknownTerms() const;
   /// "3*queue->queue_size+1"
   std::string str() const;
 };

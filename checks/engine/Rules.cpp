@@ -199,6 +199,8 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::WrxAbort, "wrx.abort"},
     {Effect::QpCreate, "qp.create"},
     {Effect::QpDrain, "qp.drain"},
+    {Effect::QpDrainSq, "qp.drain_sq"},
+    {Effect::QpDrainRq, "qp.drain_rq"},
     {Effect::DeviceQuery, "device.query"},
     {Effect::TransportQuery, "transport.query"},
     {Effect::TransportQueryIb, "transport.query_ib"},

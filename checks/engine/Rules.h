@@ -108,7 +108,9 @@ enum class Effect {
   WrxComplete,
   WrxAbort,
   QpCreate,
-  QpDrain,
+  QpDrain,        // ib_drain_qp: one WR through each of the SQ and RQ
+  QpDrainSq,      // ib_drain_sq: one WR through the send queue
+  QpDrainRq,      // ib_drain_rq: one WR through the receive queue
   DeviceQuery,
   TransportQuery,   // true on iWARP (rdma_protocol_iwarp)
   TransportQueryIb, // true on InfiniBand/RoCE only (rdma_protocol_ib)

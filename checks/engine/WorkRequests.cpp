@@ -4,7 +4,11 @@
 #include "Program.h"
 #include "Sites.h"
 #include "clang/AST/ASTContext.h"
+#include "clang/AST/ParentMap.h"
+#include "clang/AST/RecursiveASTVisitor.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Debug.h"
+#include <deque>
 #include <map>
 #include <set>
 
@@ -14,10 +18,26 @@ using namespace clang;
 
 namespace ulplint {
 
+/// For developers: each unit's posts, chains and per-request cost, on stderr.
+static llvm::cl::opt<bool> DumpWorkRequests(
+    "dump-work-requests", llvm::cl::Hidden,
+    llvm::cl::desc("Print the work-request model of each unit"));
+
 std::string WrKey::str() const {
   if (Api)
     return Fn->getName().str() + "::" + Api->Name;
   return Storage.str();
+}
+
+bool WrSlot::isRegistration() const {
+  return mayBe(Opcode::RegMr) || mayBe(Opcode::LocalInv) || mayBe(Opcode::BindMw);
+}
+
+unsigned PostSite::entries() const {
+  unsigned N = 0;
+  for (const WrSlot &S : Chain)
+    N += S.Count;
+  return N;
 }
 
 std::vector<const FieldStore *> slotStores(const TuAnalysis &A, const WrSlot &S,
@@ -35,95 +55,310 @@ std::vector<const FieldStore *> slotStores(const TuAnalysis &A, const WrSlot &S,
   return Found;
 }
 
-namespace {
+// A named namespace: unity builds put every engine file in one unit.
+namespace wrmodel {
 
-using Name = std::pair<Location, const FunctionDecl *>;
+//===-- Helpers over the AST ----------------------------------------------===//
+
+const FunctionDecl *definitionInUnit(const TuAnalysis &A, const FunctionDecl *F) {
+  if (!F)
+    return nullptr;
+  F = F->getDefinition();
+  return F && llvm::is_contained(A.functions(), F) ? F : nullptr;
+}
+
+struct ReturnValues : RecursiveASTVisitor<ReturnValues> {
+  std::vector<const Expr *> Values;
+  bool VisitReturnStmt(ReturnStmt *RS) {
+    if (RS->getRetValue())
+      Values.push_back(RS->getRetValue());
+    return true;
+  }
+};
+
+/// `*p = x` (or `p[0] = x`) inside a function: the pointer written through.
+struct DerefStores : RecursiveASTVisitor<DerefStores> {
+  std::vector<std::pair<const ParmVarDecl *, const BinaryOperator *>> Found;
+  bool VisitBinaryOperator(BinaryOperator *BO) {
+    if (BO->getOpcode() != BO_Assign)
+      return true;
+    const auto *UO = dyn_cast<UnaryOperator>(stripExpr(BO->getLHS()));
+    if (!UO || UO->getOpcode() != UO_Deref)
+      return true;
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(UO->getSubExpr())))
+      if (const auto *P = dyn_cast<ParmVarDecl>(DRE->getDecl()))
+        Found.push_back({P, BO});
+    return true;
+  }
+};
+
+/// Calls of a unit's own functions (the modelled API excluded).
+std::vector<const CallExpr *> helperCalls(const TuAnalysis &A,
+                                          const FunctionDecl *Caller) {
+  std::vector<const CallExpr *> Out;
+  for (const FunctionDecl *F : A.functions())
+    for (const CallExpr *CE : A.callsTo(Caller, F))
+      Out.push_back(CE);
+  return Out;
+}
+
+/// The element count of the array \p L's last step indexes, if constant.
+std::optional<unsigned> arraySize(const Location &L) {
+  if (L.Steps.empty() || L.Steps.back().Field || !L.Root)
+    return std::nullopt;
+  QualType T = L.Root->getType();
+  for (size_t I = 0; I + 1 < L.Steps.size(); ++I) {
+    T = T.getCanonicalType();
+    if (const auto *PT = T->getAs<PointerType>())
+      T = PT->getPointeeType();
+    else if (const auto *AT = T->getAsArrayTypeUnsafe())
+      T = AT->getElementType();
+    if (L.Steps[I].Field)
+      T = L.Steps[I].Field->getType();
+  }
+  if (const auto *CAT = dyn_cast<ConstantArrayType>(T.getCanonicalType()))
+    return static_cast<unsigned>(CAT->getSize().getZExtValue());
+  return std::nullopt;
+}
+
+//===-- Loops -------------------------------------------------------------===//
+
+/// How many times a loop runs, when the code says: `for (i = 0; i < 3;
+/// i++)`, `while (done < len && i < SEGS)`. \p Name is the bound as written.
+struct TripCount {
+  unsigned N = 1;
+  std::string Name;
+};
+
+/// Does the statement reap completions or wait (a loop around it is the
+/// I/O loop, not a loop over one request's parts)?
+struct WaitFinder : RecursiveASTVisitor<WaitFinder> {
+  explicit WaitFinder(const TuAnalysis &A) : A(A) {}
+  bool VisitCallExpr(CallExpr *CE) {
+    if (const FunctionModel *M = A.modelOf(CE))
+      Found |= M->E == Effect::CqPoll || M->E == Effect::WaitCompletion ||
+               M->E == Effect::WaitCompletionTimeout;
+    return !Found;
+  }
+  const TuAnalysis &A;
+  bool Found = false;
+};
+
+class Loops {
+public:
+  explicit Loops(const TuAnalysis &A) : A(A) {}
+
+  /// Product of the trip counts of the per-request loops around \p S.
+  TripCount around(const Stmt *S, const FunctionDecl *F) const {
+    TripCount Total;
+    const ParentMap &PM = A.flow(F).parents();
+    const Stmt *Child = S;
+    for (const Stmt *P = PM.getParent(S); P; Child = P, P = PM.getParent(P)) {
+      const Stmt *Body = nullptr;
+      const Expr *Cond = nullptr;
+      if (const auto *FS = dyn_cast<ForStmt>(P)) {
+        Body = FS->getBody();
+        Cond = FS->getCond();
+      } else if (const auto *WS = dyn_cast<WhileStmt>(P)) {
+        Body = WS->getBody();
+        Cond = WS->getCond();
+      } else if (const auto *DS = dyn_cast<DoStmt>(P)) {
+        Body = DS->getBody();
+        Cond = DS->getCond();
+      }
+      if (!Body || Child != Body)
+        continue;
+      WaitFinder W(A);
+      W.TraverseStmt(const_cast<Stmt *>(Body));
+      if (W.Found)
+        break; // the I/O loop: one request per iteration
+      if (std::optional<TripCount> T = trips(Cond, P, F)) {
+        Total.N *= T->N;
+        Total.Name = Total.Name.empty() ? T->Name : Total.Name + "*" + T->Name;
+      }
+    }
+    return Total;
+  }
+
+private:
+  /// `i < K`, `K > i`, `i <= K - 1`: K when i starts at 0 and counts up.
+  std::optional<TripCount> trips(const Expr *Cond, const Stmt *Loop,
+                                 const FunctionDecl *F) const {
+    if (!Cond)
+      return std::nullopt;
+    Cond = stripExpr(Cond);
+    if (const auto *BO = dyn_cast<BinaryOperator>(Cond)) {
+      if (BO->getOpcode() == BO_LAnd) {
+        std::optional<TripCount> L = trips(BO->getLHS(), Loop, F);
+        std::optional<TripCount> R = trips(BO->getRHS(), Loop, F);
+        if (L && R)
+          return L->N <= R->N ? L : R;
+        return L ? L : R;
+      }
+      const Expr *Var = nullptr, *Bound = nullptr;
+      int Adjust = 0;
+      switch (BO->getOpcode()) {
+      case BO_LT: Var = BO->getLHS(); Bound = BO->getRHS(); break;
+      case BO_LE: Var = BO->getLHS(); Bound = BO->getRHS(); Adjust = 1; break;
+      case BO_GT: Var = BO->getRHS(); Bound = BO->getLHS(); break;
+      case BO_GE: Var = BO->getRHS(); Bound = BO->getLHS(); Adjust = 1; break;
+      default: return std::nullopt;
+      }
+      const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(Var));
+      if (!DRE || !isa<VarDecl>(DRE->getDecl()))
+        return std::nullopt;
+      std::optional<int64_t> K = A.values(F).constant(Bound);
+      if (!K || *K + Adjust <= 0 || *K + Adjust > 4096)
+        return std::nullopt;
+      TripCount T;
+      T.N = static_cast<unsigned>(*K + Adjust);
+      T.Name = sourceText(A.context(), Bound);
+      return T;
+    }
+    return std::nullopt;
+  }
+
+  const TuAnalysis &A;
+};
+
+//===-- Chains ------------------------------------------------------------===//
+
+/// The call that bound a helper's parameters, and the context of its caller.
+struct Frame {
+  const CallExpr *Call = nullptr;
+  const FunctionDecl *Caller = nullptr;
+  const Frame *Up = nullptr;
+};
+
+/// A work request while chains are built: its names, each under the
+/// binding of the helper call it was reached through.
+struct Node {
+  WrSlot S;
+  llvm::SmallVector<const Frame *, 2> Ctx; // parallel to S.Names
+  /// Where it was appended to a tail-pointer chain (statement, binding).
+  std::set<std::pair<const Stmt *, const Frame *>> Appends;
+  unsigned AppendCount = 0;
+  bool SelfLinked = false;
+  /// Set on the one node roots() returns for a chain built through a tail
+  /// pointer: the whole chain, every append posted.
+  std::shared_ptr<std::vector<Node>> TailChain;
+
+  void name(const Location &L, const FunctionDecl *F, const Frame *C) {
+    S.Names.push_back({L, F});
+    Ctx.push_back(C);
+  }
+};
+
+/// A stored value of a work-request field, with the binding to evaluate it
+/// under.
+struct Bound {
+  const FieldStore *Store = nullptr;
+  const Frame *Ctx = nullptr;
+};
+
+/// A value written into a work request's `next` (a FieldStore or a write
+/// through a tail pointer).
+struct Link {
+  const Expr *Value;
+  const FunctionDecl *Fn;
+  const Frame *Ctx;
+};
+
+/// What following one post found besides its chain.
+struct Trace {
+  bool Complete = true;
+  bool Core = false;
+  bool CoreSignals = false;
+};
 
 /// Builds the chains of work requests posts may submit.
 class ChainBuilder {
 public:
-  explicit ChainBuilder(const TuAnalysis &A) : A(A) {}
+  explicit ChainBuilder(const TuAnalysis &A) : A(A), Loop(A) {}
 
-  /// The alternatives for the work request an expression names.
-  void roots(const Expr *E, const FunctionDecl *F, unsigned Depth,
-             std::vector<WrSlot> &Out, bool &Complete) {
+  /// The work requests \p E (a pointer to one, in \p F) may name. Appends
+  /// to a tail-pointer chain come back as separate nodes, all posted.
+  void roots(const Expr *E, const FunctionDecl *F, const Frame *Ctx,
+             unsigned Depth, std::vector<Node> &Out, Trace &T) {
     E = stripExpr(E);
-    if (!E || Depth > 6) {
-      Complete = false;
+    if (!E || Depth > 8) {
+      T.Complete = false;
       return;
     }
     if (E->isNullPointerConstant(const_cast<ASTContext &>(A.context()),
                                  Expr::NPC_ValueDependentIsNotNull))
       return; // no work request on this path
     if (const auto *CO = dyn_cast<ConditionalOperator>(E)) {
-      roots(CO->getTrueExpr(), F, Depth + 1, Out, Complete);
-      roots(CO->getFalseExpr(), F, Depth + 1, Out, Complete);
+      roots(CO->getTrueExpr(), F, Ctx, Depth + 1, Out, T);
+      roots(CO->getFalseExpr(), F, Ctx, Depth + 1, Out, T);
+      return;
+    }
+    if (const auto *CE = dyn_cast<CallExpr>(E)) {
+      fromCall(CE, F, Ctx, Depth, Out, T);
       return;
     }
     std::optional<Location> L = locationOf(E);
     if (!L) {
-      Complete = false;
+      T.Complete = false;
       return;
     }
+    // A pointer variable: what its definitions point at (resolve() would
+    // confuse `wr = &x` with `wr = c->first`).
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(E))
+      if (const auto *VD = dyn_cast<VarDecl>(DRE->getDecl());
+          VD && VD->getType()->isPointerType()) {
+        pointerVariable(VD, *L, E, F, Ctx, Depth, Out, T);
+        return;
+      }
     Location R = A.flow(F).resolve(*L);
-    const auto *VD = dyn_cast_or_null<VarDecl>(R.Root);
-    bool PointerVar = R.Steps.empty() && VD && VD->getType()->isPointerType() &&
-                      !isa<UnaryOperator>(E);
-    if (!PointerVar) {
-      WrSlot S;
-      S.Names.push_back({R, F});
-      Out.push_back(std::move(S));
+    if (E->getType()->isArrayType()) {
+      R.Steps.push_back({nullptr}); // `req->wr` decays to &req->wr[0]
+      Out.emplace_back().name(R, F, Ctx);
       return;
     }
-    // A pointer variable: the work requests it may point at.
-    for (const Def *D : A.flow(F).reaching(R, E)) {
-      if (D && D->K == Def::Assign && D->Value) {
-        roots(D->Value, F, Depth + 1, Out, Complete);
-        continue;
-      }
-      const auto *P = dyn_cast<ParmVarDecl>(VD);
-      if (D || !P) {
-        Complete = false;
-        continue;
-      }
-      // A helper's parameter: what its callers in this unit pass.
-      size_t Before = Out.size();
-      if (!fromCallers(F, P, Depth, Out, Complete))
-        Complete = false;
-      for (size_t I = Before; I < Out.size(); ++I)
-        Out[I].Names.push_back({R, F});
+    const auto *UO = dyn_cast<UnaryOperator>(E);
+    bool AddrOf = UO && UO->getOpcode() == UO_AddrOf;
+    if (!AddrOf && E->getType()->isPointerType()) {
+      T.Complete = false; // a pointer kept in a struct field
+      return;
     }
+    Out.emplace_back().name(R, F, Ctx);
   }
 
-  /// The longest chain starting at \p Slot.
-  std::vector<WrSlot> follow(WrSlot Slot, bool &Complete,
-                             std::set<WrKey> &Seen, unsigned Depth) {
-    describe(Slot);
-    std::vector<WrSlot> Chain;
-    if (Depth > 16 || !Seen.insert(Slot.Key).second) {
-      Complete = false;
+  /// The longest chain starting at \p Root.
+  std::vector<Node> follow(Node Root, Trace &T, std::set<WrKey> Seen,
+                           unsigned Depth) {
+    describe(Root);
+    std::vector<Node> Chain;
+    if (Depth > 16 || !Seen.insert(Root.S.Key).second) {
+      T.Complete = false;
       return Chain;
     }
-    std::vector<WrSlot> Best;
-    for (const FieldStore *Next : stores(Slot, FieldRole::Next)) {
-      if (!Next->Value)
-        continue;
-      std::vector<WrSlot> Alternatives;
-      roots(Next->Value, Next->Fn, 0, Alternatives, Complete);
-      for (WrSlot &Alt : Alternatives) {
-        std::set<WrKey> Branch = Seen;
-        std::vector<WrSlot> Rest = follow(Alt, Complete, Branch, Depth + 1);
-        if (Rest.size() > Best.size())
+    std::vector<Node> Best;
+    for (const Link &Next : links(Root)) {
+      std::vector<Node> Alternatives;
+      roots(Next.Value, Next.Fn, Next.Ctx, 0, Alternatives, T);
+      for (Node &Alt : Alternatives) {
+        describe(Alt);
+        if (Alt.S.Key == Root.S.Key) {
+          Root.SelfLinked = true; // wr[i].next = &wr[i + 1]
+          continue;
+        }
+        std::vector<Node> Rest = follow(Alt, T, Seen, Depth + 1);
+        if (entries(Rest) > entries(Best))
           Best = std::move(Rest);
       }
     }
-    Chain.push_back(std::move(Slot));
-    Chain.insert(Chain.end(), Best.begin(), Best.end());
+    count(Root);
+    Chain.push_back(std::move(Root));
+    for (Node &N : Best)
+      Chain.push_back(std::move(N));
     return Chain;
   }
 
-  /// Opcodes, signaling and identity of a slot.
-  void describe(WrSlot &S) {
+  /// Opcodes, signaling and identity of a work request.
+  void describe(Node &N) {
+    WrSlot &S = N.S;
     S.Key = WrKey();
     for (const auto &[L, F] : S.Names) {
       SlotKey K = SlotKey::of(A.flow(F).resolve(L), F);
@@ -136,18 +371,34 @@ public:
       const auto &[L, F] = S.Names.front();
       S.Key.Storage = SlotKey::of(A.flow(F).resolve(L), F);
     }
-    for (const FieldStore *Op : stores(S, FieldRole::Opcode)) {
-      for (Opcode O : opcodesOf(A, *Op))
+    S.Ops.clear();
+    S.Loc = SourceLocation();
+    for (const Bound &Op : stores(N, FieldRole::Opcode)) {
+      for (Opcode O : opcodesOf(A, *Op.Store))
         if (!S.mayBe(O))
           S.Ops.push_back(O);
       if (S.Loc.isInvalid())
-        S.Loc = Op->Spelling->getBeginLoc();
+        S.Loc = Op.Store->Spelling->getBeginLoc();
     }
-    S.Signal = signalOf(S);
+    S.Signal = signalOf(N);
   }
 
-  std::vector<const FieldStore *> stores(const WrSlot &S, FieldRole Role) {
-    return slotStores(A, S, Role);
+  /// Stores with \p Role into the work request \p N names: in any function
+  /// naming the same storage, and in helpers the storage is passed to
+  /// (`dif_build_reg(&c->data_reg, ...)` sets `reg->wr.opcode`).
+  std::vector<Bound> stores(const Node &N, FieldRole Role) {
+    std::vector<Bound> Found;
+    std::set<const FieldStore *> Seen;
+    for (const auto &[L, F, Ctx] : allNames(N)) {
+      for (const FieldStore &FS : A.stores()) {
+        if (FS.Role != Role || FS.Struct->Role != StructRole::SendWr ||
+            Seen.count(&FS) || !A.sameStorage(FS.Object, FS.Fn, L, F))
+          continue;
+        Seen.insert(&FS);
+        Found.push_back({&FS, FS.Fn == F ? Ctx : nullptr});
+      }
+    }
+    return Found;
   }
 
   /// Signaling seen from the post: the value send_flags has when the post
@@ -165,10 +416,75 @@ public:
     }
   }
 
-private:
-  uint64_t signaledBit() const {
-    return A.flagBit(Flag::Signaled);
+  /// The handles a registration work request registers, binds or
+  /// invalidates (`reg_wr.mr = req->mr`, `inv.ex.invalidate_rkey =
+  /// req->mr->rkey`).
+  std::vector<SlotKey> handles(const Node &N) {
+    std::vector<SlotKey> Out;
+    for (FieldRole R : {FieldRole::RegMr, FieldRole::BindMw, FieldRole::InvalidateRkey})
+      for (const Bound &B : stores(N, R)) {
+        const FieldStore &FS = *B.Store;
+        std::optional<Location> L = FS.Value ? locationOf(FS.Value) : std::nullopt;
+        if (!L)
+          continue;
+        Location H = A.flow(FS.Fn).resolve(*L);
+        if (R == FieldRole::InvalidateRkey && !H.Steps.empty())
+          H = H.prefix(H.Steps.size() - 1); // `mr->rkey` names the MR
+        Out.push_back(SlotKey::of(H, FS.Fn));
+      }
+    return Out;
   }
+
+  static unsigned entries(const std::vector<Node> &Chain) {
+    unsigned N = 0;
+    for (const Node &X : Chain)
+      N += X.S.Count;
+    return N;
+  }
+
+  /// Entries a work request takes in one post: the elements of an array
+  /// linked to each other, or the appends a tail-pointer chain makes.
+  void count(Node &N) {
+    std::optional<unsigned> Size;
+    for (const auto &[L, F] : N.S.Names)
+      if ((Size = arraySize(A.flow(F).resolve(L))))
+        break;
+    unsigned C = 1;
+    if (Size && N.SelfLinked)
+      C = *Size;
+    if (Size && N.AppendCount > C)
+      C = std::min(*Size, N.AppendCount);
+    N.S.Count = C;
+  }
+
+  /// Appends of a tail-pointer chain headed by \p Head become one chain:
+  /// every appended work request is posted, each followed through its links.
+  std::vector<Node> appendedChain(std::vector<Node> Appended, Trace &T) {
+    std::vector<Node> Chain;
+    std::set<WrKey> Seen;
+    for (Node &N : Appended) {
+      describe(N);
+      auto Same = llvm::find_if(Chain, [&](const Node &C) { return C.S.Key == N.S.Key; });
+      if (Same != Chain.end()) {
+        Same->Appends.insert(N.Appends.begin(), N.Appends.end());
+        continue;
+      }
+      Chain.push_back(std::move(N));
+    }
+    for (Node &N : Chain)
+      N.AppendCount = appendCount(N);
+    std::vector<Node> Out;
+    for (Node &N : Chain) {
+      if (llvm::any_of(Out, [&](const Node &O) { return O.S.Key == N.S.Key; }))
+        continue;
+      for (Node &X : follow(N, T, {}, 0))
+        if (llvm::none_of(Out, [&](const Node &O) { return O.S.Key == X.S.Key; }))
+          Out.push_back(std::move(X));
+    }
+    return Out;
+  }
+
+  uint64_t signaledBit() const { return A.flagBit(Flag::Signaled); }
 
   WrSlot::SignalKind classify(const FlagSet &V) const {
     uint64_t Bit = signaledBit();
@@ -188,27 +504,337 @@ private:
     return All ? WrSlot::Always : WrSlot::Sometimes;
   }
 
-  bool fromCallers(const FunctionDecl *F, const ParmVarDecl *P, unsigned Depth,
-                   std::vector<WrSlot> &Out, bool &Complete) {
-    bool Any = false;
-    for (const FunctionDecl *Caller : A.functions())
-      for (const CallExpr *CE : A.callsTo(Caller, F)) {
-        unsigned Index = P->getFunctionScopeIndex();
-        if (Index < CE->getNumArgs()) {
-          roots(CE->getArg(Index), Caller, Depth + 1, Out, Complete);
-          Any = true;
+  const Loops &loops() const { return Loop; }
+
+private:
+  struct FullName {
+    Location L;
+    const FunctionDecl *F;
+    const Frame *Ctx;
+  };
+
+  /// The names of \p N, plus the parameters of helpers it is passed to.
+  std::vector<FullName> allNames(const Node &N) {
+    std::vector<FullName> Names;
+    for (size_t I = 0; I < N.S.Names.size(); ++I)
+      Names.push_back({N.S.Names[I].first, N.S.Names[I].second, N.Ctx[I]});
+    for (size_t I = 0; I < Names.size() && Names.size() < 24; ++I) {
+      FullName Cur = Names[I];
+      SlotKey K = SlotKey::of(A.flow(Cur.F).resolve(Cur.L), Cur.F);
+      for (const auto &[CE, Caller] : passes(K, Cur.F)) {
+        const FunctionDecl *Callee = definitionInUnit(A, CE->getDirectCallee());
+        for (unsigned J = 0; Callee && J < CE->getNumArgs() &&
+                             J < Callee->getNumParams(); ++J) {
+          const ParmVarDecl *P = Callee->getParamDecl(J);
+          if (!P->getType()->isPointerType())
+            continue;
+          std::optional<Location> Arg = locationOf(CE->getArg(J));
+          if (!Arg)
+            continue;
+          SlotKey ArgKey = SlotKey::of(A.flow(Caller).resolve(*Arg), Caller);
+          if (!K.isWithin(ArgKey))
+            continue;
+          Location InCallee;
+          InCallee.Root = P;
+          auto Rest = K.path().drop_front(ArgKey.path().size());
+          InCallee.Steps.append(Rest.begin(), Rest.end());
+          const Frame *Ctx = frame(CE, Caller, Caller == Cur.F ? Cur.Ctx : nullptr);
+          bool Known = llvm::any_of(Names, [&](const FullName &O) {
+            return O.F == Callee && O.L == InCallee && O.Ctx == Ctx;
+          });
+          if (!Known)
+            Names.push_back({InCallee, Callee, Ctx});
         }
       }
-    return Any && F->isStatic();
+    }
+    return Names;
   }
 
-  WrSlot::SignalKind signalOf(WrSlot &S) {
-    std::vector<const FieldStore *> Flags = stores(S, FieldRole::SendFlags);
+  /// Calls that may pass storage \p K (or what contains it) to a helper.
+  std::vector<std::pair<const CallExpr *, const FunctionDecl *>>
+  passes(const SlotKey &K, const FunctionDecl *F) {
+    std::vector<std::pair<const CallExpr *, const FunctionDecl *>> Out;
+    for (const FunctionDecl *G : A.functions()) {
+      if (!K.isShared() && G != F)
+        continue;
+      for (const CallExpr *CE : helperCalls(A, G))
+        Out.push_back({CE, G});
+    }
+    return Out;
+  }
+
+  /// What is stored into the work request's `next`: FieldStores, and writes
+  /// through a tail pointer that points at it (`*prev = wr; prev =
+  /// &wr->next`).
+  std::vector<Link> links(const Node &N) {
+    std::vector<Link> Out;
+    for (const Bound &B : stores(N, FieldRole::Next))
+      if (B.Store->Value)
+        Out.push_back({B.Store->Value, B.Store->Fn, B.Ctx});
+    for (const auto &[L, F, Ctx] : allNames(N)) {
+      std::optional<Location> Next = A.member(L, FieldRole::Next);
+      if (!Next)
+        continue;
+      Location R = A.flow(F).resolve(*Next);
+      for (const Def &D : A.flow(F).defs()) {
+        if (D.K != Def::Assign || !D.Value || D.Target != R)
+          continue;
+        const auto *BO = dyn_cast<BinaryOperator>(D.S);
+        const auto *UO = BO ? dyn_cast<UnaryOperator>(stripExpr(BO->getLHS())) : nullptr;
+        if (UO && UO->getOpcode() == UO_Deref)
+          Out.push_back({D.Value, F, Ctx});
+      }
+    }
+    return Out;
+  }
+
+  /// A pointer variable: the work requests it may point at.
+  void pointerVariable(const VarDecl *VD, const Location &R, const Expr *Use,
+                       const FunctionDecl *F, const Frame *Ctx, unsigned Depth,
+                       std::vector<Node> &Out, Trace &T) {
+    const FunctionFlow &Flow = A.flow(F);
+    bool Tail = isChainHead(VD, F);
+    llvm::SmallVector<const Def *, 4> Defs;
+    if (Tail) {
+      // Every append writes the head or a `next` it leads to: all count.
+      for (const Def &D : Flow.defs())
+        if (D.Target == R)
+          Defs.push_back(&D);
+      if (isa<ParmVarDecl>(VD))
+        Defs.push_back(nullptr);
+    } else {
+      Defs = Flow.reaching(R, Use);
+    }
+    std::vector<Node> Appended;
+    for (const Def *D : Defs) {
+      if (D && D->K == Def::Assign) {
+        if (!D->Value)
+          continue;
+        std::vector<Node> Found;
+        roots(D->Value, F, Ctx, Depth + 1, Found, T);
+        for (Node &N : Found) {
+          N.Appends.insert({D->S, Ctx});
+          (Tail ? Appended : Out).push_back(std::move(N));
+        }
+        continue;
+      }
+      if (D && D->K == Def::Unknown) {
+        // Declared without a value, or its address handed to a helper
+        // that appends to it (followed below).
+        if (!isa<DeclStmt>(D->S) && !(Tail && isa<CallExpr>(D->S)))
+          T.Complete = false;
+        continue;
+      }
+      if (D) {
+        T.Complete = false;
+        continue;
+      }
+      if (const auto *P = dyn_cast<ParmVarDecl>(VD))
+        fromParameter(P, R, F, Ctx, Depth, Out, T);
+    }
+    if (!Tail)
+      return;
+    appendsInHelpers(VD, F, Ctx, Depth, Appended, T);
+    for (Node &N : appendedChainNodes(std::move(Appended), T))
+      Out.push_back(std::move(N));
+  }
+
+  /// The appends of a tail chain as one alternative that stands for the
+  /// whole chain.
+  std::vector<Node> appendedChainNodes(std::vector<Node> Appended, Trace &T) {
+    if (Appended.empty())
+      return {};
+    auto Chain = std::make_shared<std::vector<Node>>(
+        appendedChain(std::move(Appended), T));
+    Node Whole = Chain->front();
+    Whole.TailChain = std::move(Chain);
+    return {Whole};
+  }
+
+private:
+  /// A pointer whose address is taken to link work requests behind it:
+  /// `prev = &first` or `tail = &head` passed to a helper.
+  bool isChainHead(const VarDecl *VD, const FunctionDecl *F) {
+    auto IsAddr = [&](const Expr *E) {
+      const auto *UO = dyn_cast_or_null<UnaryOperator>(stripExpr(E));
+      if (!UO || UO->getOpcode() != UO_AddrOf)
+        return false;
+      const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(UO->getSubExpr()));
+      return DRE && DRE->getDecl() == VD;
+    };
+    for (const Def &D : A.flow(F).defs())
+      if (D.K == Def::Assign && IsAddr(D.Value))
+        return true;
+    for (const CallExpr *CE : helperCalls(A, F))
+      for (const Expr *Arg : CE->arguments())
+        if (IsAddr(Arg))
+          return true;
+    return false;
+  }
+
+  /// `tail = add_bind(..., tail)`: helpers that write through a tail
+  /// pointer leading to \p Head append to its chain.
+  void appendsInHelpers(const VarDecl *Head, const FunctionDecl *F,
+                        const Frame *Ctx, unsigned Depth,
+                        std::vector<Node> &Appended, Trace &T) {
+    // Locals holding &Head (or a `next` behind it): the tail pointers.
+    std::set<const ValueDecl *> Tails;
+    for (const Def &D : A.flow(F).defs()) {
+      const auto *UO = dyn_cast_or_null<UnaryOperator>(stripExpr(D.Value));
+      if (D.K == Def::Assign && D.Target.Steps.empty() && UO &&
+          UO->getOpcode() == UO_AddrOf)
+        Tails.insert(D.Target.Root);
+    }
+    for (const CallExpr *CE : helperCalls(A, F)) {
+      const FunctionDecl *Callee = definitionInUnit(A, CE->getDirectCallee());
+      if (!Callee)
+        continue;
+      for (unsigned I = 0; I < CE->getNumArgs() && I < Callee->getNumParams(); ++I) {
+        const Expr *Arg = stripExpr(CE->getArg(I));
+        const ValueDecl *Passed = nullptr;
+        if (const auto *UO = dyn_cast<UnaryOperator>(Arg);
+            UO && UO->getOpcode() == UO_AddrOf)
+          if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(UO->getSubExpr())))
+            Passed = DRE->getDecl() == Head ? Head : nullptr;
+        if (const auto *DRE = dyn_cast<DeclRefExpr>(Arg))
+          if (Tails.count(DRE->getDecl()))
+            Passed = DRE->getDecl();
+        if (!Passed)
+          continue;
+        const Frame *Bind = frame(CE, F, Ctx);
+        DerefStores Writes;
+        Writes.TraverseStmt(Callee->getBody());
+        for (const auto &[P, BO] : Writes.Found) {
+          if (P != Callee->getParamDecl(I))
+            continue;
+          std::vector<Node> Found;
+          roots(BO->getRHS(), Callee, Bind, Depth + 1, Found, T);
+          for (Node &N : Found) {
+            N.Appends.insert({BO, Bind});
+            Appended.push_back(std::move(N));
+          }
+        }
+      }
+    }
+  }
+
+  /// Appends counted per site and binding, times the loops around them.
+  unsigned appendCount(const Node &N) {
+    unsigned Total = 0;
+    for (const auto &[S, Ctx] : N.Appends) {
+      if (!S)
+        continue;
+      const FunctionDecl *F = Ctx ? definitionInUnit(A, Ctx->Call->getDirectCallee())
+                                  : functionOf(S);
+      Total += F ? Loop.around(S, F).N : 1;
+    }
+    return Total;
+  }
+
+  const FunctionDecl *functionOf(const Stmt *S) {
+    const SourceManager &SM = A.sources();
+    for (const FunctionDecl *F : A.functions())
+      if (F->getBody() &&
+          SM.isPointWithin(S->getBeginLoc(), F->getBody()->getBeginLoc(),
+                           F->getBody()->getEndLoc()))
+        return F;
+    return nullptr;
+  }
+
+  /// A helper's parameter: what the binding call passes, or what every
+  /// caller in this unit passes; with no caller, the parameter names the
+  /// work request itself (callers elsewhere may chain more).
+  void fromParameter(const ParmVarDecl *P, const Location &R,
+                     const FunctionDecl *F, const Frame *Ctx, unsigned Depth,
+                     std::vector<Node> &Out, Trace &T) {
+    unsigned Index = P->getFunctionScopeIndex();
+    if (Ctx && Ctx->Call->getDirectCallee() &&
+        Ctx->Call->getDirectCallee()->getCanonicalDecl() == F->getCanonicalDecl()) {
+      size_t Before = Out.size();
+      if (Index < Ctx->Call->getNumArgs())
+        roots(Ctx->Call->getArg(Index), Ctx->Caller, Ctx->Up, Depth + 1, Out, T);
+      nameParameter(Out, Before, R, F, Ctx);
+      return;
+    }
+    auto Callers = A.callersOf(F);
+    if (Callers.empty()) {
+      Out.emplace_back().name(R, F, Ctx);
+      T.Complete = false;
+      return;
+    }
+    for (const auto &[CE, Caller] : Callers)
+      if (Index < CE->getNumArgs()) {
+        size_t Before = Out.size();
+        const Frame *Bind = frame(CE, Caller, nullptr);
+        roots(CE->getArg(Index), Caller, Bind, Depth + 1, Out, T);
+        nameParameter(Out, Before, R, F, Bind);
+      }
+    if (!F->isStatic())
+      T.Complete = false;
+  }
+
+  /// The work requests a caller passes are also named by the parameter
+  /// (`first->next = &wr` in nvme-rdma's post helper links the caller's
+  /// `req->mr ? &req->reg_wr.wr : NULL`, which no location names).
+  static void nameParameter(std::vector<Node> &Out, size_t Before,
+                            const Location &R, const FunctionDecl *F,
+                            const Frame *Bind) {
+    for (size_t I = Before; I < Out.size(); ++I) {
+      Node &N = Out[I];
+      if (N.TailChain)
+        continue;
+      bool Known = false;
+      for (size_t J = 0; J < N.S.Names.size(); ++J)
+        Known |= N.S.Names[J].second == F && N.S.Names[J].first == R &&
+                 N.Ctx[J] == Bind;
+      if (!Known)
+        N.name(R, F, Bind);
+    }
+  }
+
+  /// `first = rdma_rw_ctx_wrs(...)`, `first = build_chain(req)`.
+  void fromCall(const CallExpr *CE, const FunctionDecl *F, const Frame *Ctx,
+                unsigned Depth, std::vector<Node> &Out, Trace &T) {
+    if (const FunctionModel *M = A.modelOf(CE)) {
+      if (M->E != Effect::RwWrs) {
+        T.Complete = false;
+        return;
+      }
+      T.Core = T.CoreSignals = true;
+      if (std::optional<unsigned> I = M->arg(ArgRole::ChainWr);
+          I && *I < CE->getNumArgs())
+        roots(CE->getArg(*I), F, Ctx, Depth + 1, Out, T);
+      return;
+    }
+    const FunctionDecl *Callee = definitionInUnit(A, CE->getDirectCallee());
+    if (!Callee) {
+      T.Complete = false;
+      return;
+    }
+    ReturnValues RV;
+    RV.TraverseStmt(Callee->getBody());
+    const Frame *Bind = frame(CE, F, Ctx);
+    for (const Expr *V : RV.Values)
+      roots(V, Callee, Bind, Depth + 1, Out, T);
+  }
+
+  const Frame *frame(const CallExpr *CE, const FunctionDecl *Caller,
+                     const Frame *Up) {
+    for (const Frame &Fr : Frames)
+      if (Fr.Call == CE && Fr.Caller == Caller && Fr.Up == Up)
+        return &Fr;
+    Frames.push_back({CE, Caller, Up});
+    return &Frames.back();
+  }
+
+  WrSlot::SignalKind signalOf(Node &N) {
+    std::vector<Bound> Flags = stores(N, FieldRole::SendFlags);
     if (Flags.empty() || !signaledBit())
       return WrSlot::Unknown;
     FlagSet All;
-    for (const FieldStore *FS : Flags) {
-      S.Flags = FS;
+    for (const Bound &B : Flags) {
+      const FieldStore *FS = B.Store;
+      N.S.Flags = FS;
       All.add(A.values(FS->Fn).flagsAfter(A.flow(FS->Fn).resolve(FS->Target),
                                           FS->At));
     }
@@ -216,10 +842,64 @@ private:
   }
 
   const TuAnalysis &A;
+  Loops Loop;
+  std::deque<Frame> Frames;
 };
 
+//===-- Posts -------------------------------------------------------------===//
+
+/// Storage a QP expression names, through the callers' arguments when it is
+/// a helper's parameter.
+SlotKey qpKeyOf(const TuAnalysis &A, const Expr *Qp, const FunctionDecl *F,
+                unsigned Depth = 0) {
+  std::optional<Location> L = Qp ? locationOf(Qp) : std::nullopt;
+  if (!L)
+    return SlotKey();
+  Location R = A.flow(F).resolve(*L);
+  const auto *P = dyn_cast_or_null<ParmVarDecl>(R.Root);
+  if (P && R.Steps.empty() && Depth < 3) {
+    SlotKey Common;
+    for (const auto &[CE, Caller] : A.callersOf(F)) {
+      unsigned I = P->getFunctionScopeIndex();
+      if (I >= CE->getNumArgs())
+        return SlotKey();
+      SlotKey K = qpKeyOf(A, CE->getArg(I), Caller, Depth + 1);
+      if (!K.valid() || (Common.valid() && K != Common))
+        return SlotKey();
+      Common = K;
+    }
+    return Common;
+  }
+  return SlotKey::of(R, F);
+}
+
+/// `id->qp` for an rdma_cm_id expression: the QP rdma_create_qp() stores.
+SlotKey cmQpKey(const TuAnalysis &A, const Expr *Id, const FunctionDecl *F) {
+  if (!Id)
+    return SlotKey();
+  const Expr *E = stripExpr(Id);
+  QualType T = E->getType();
+  // rdma_create_ep(&id, ...): the id is what the argument points at.
+  while (T->isPointerType() && T->getPointeeType()->isPointerType())
+    T = T->getPointeeType();
+  const RecordType *RT = T->isPointerType()
+                             ? T->getPointeeType()->getAs<RecordType>()
+                             : nullptr;
+  std::optional<Location> L = locationOf(E);
+  if (!RT || !L || !RT->getDecl()->getDefinition())
+    return SlotKey();
+  for (const FieldDecl *FD : RT->getDecl()->getDefinition()->fields())
+    if (FD->getName() == "qp") {
+      Location Q = A.flow(F).resolve(*L);
+      Q.Steps.push_back({FD});
+      return SlotKey::of(Q, F);
+    }
+  return SlotKey();
+}
+
 /// What the extended API posts between ibv_wr_start and ibv_wr_complete.
-void addExtendedPosts(const TuAnalysis &A, std::vector<PostSite> &Posts) {
+void addExtendedPosts(const TuAnalysis &A, const Loops &Loop,
+                      std::vector<PostSite> &Posts) {
   uint64_t Bit = A.flagBit(Flag::Signaled);
   for (const ApiCall &Complete : A.calls()) {
     if (Complete.Model->E != Effect::WrxComplete)
@@ -228,27 +908,44 @@ void addExtendedPosts(const TuAnalysis &A, std::vector<PostSite> &Posts) {
     P.Call = &Complete;
     P.Fn = Complete.Caller;
     P.Qp = Complete.arg(ArgRole::Qp);
-    // wr_flags stored on the extended QP in this function decide signaling.
-    WrSlot::SignalKind Signal = WrSlot::Unknown;
-    for (const FieldStore &FS : A.stores())
-      if (FS.Fn == P.Fn && FS.Role == FieldRole::SendFlags &&
-          FS.Struct->Role == StructRole::QpEx) {
-        FlagSet V = A.values(FS.Fn).flagsAfter(A.flow(FS.Fn).resolve(FS.Target),
-                                               FS.At);
-        bool Some = llvm::any_of(V.Alts, [&](const FlagAlt &F) {
-          return F.mayHave(Bit);
-        });
-        Signal = Some ? WrSlot::Sometimes : WrSlot::Never;
-      }
+    const FunctionFlow &Flow = A.flow(P.Fn);
     for (const ApiCall &Op : A.calls()) {
-      if (Op.Caller != P.Fn || Op.Model->E != Effect::WrxOp)
+      if (Op.Caller != P.Fn || Op.Model->E != Effect::WrxOp ||
+          !Flow.reachableFrom(Op.Call, Complete.Call))
         continue;
       WrSlot S;
       S.Key.Fn = P.Fn;
       S.Key.Api = Op.Model;
+      S.Key.Site = Op.Call;
       S.Ops.push_back(Op.Model->Op);
-      S.Signal = Signal;
       S.Loc = Op.Call->getBeginLoc();
+      S.Count = Loop.around(Op.Call, P.Fn).N;
+      // wr_flags on the extended QP when this op is built: the value the
+      // stores reaching it give (an if/else sets it on both branches).
+      WrSlot::SignalKind Signal = WrSlot::Unknown;
+      bool Some = false, All = true, Any = false;
+      for (const FieldStore &FS : A.stores()) {
+        if (FS.Fn != P.Fn || FS.Role != FieldRole::SendFlags ||
+            FS.Struct->Role != StructRole::QpEx)
+          continue;
+        Location Target = Flow.resolve(FS.Target);
+        auto Reaching = Flow.reaching(Target, Op.Call);
+        if (!llvm::is_contained(Reaching, nullptr) || Reaching.size() > 1) {
+          for (const Def *D : Reaching) {
+            if (!D || D->S != FS.At)
+              continue;
+            FlagSet V = A.values(FS.Fn).flagsAfter(Target, FS.At);
+            for (const FlagAlt &Alt : V.Alts) {
+              Any = true;
+              Some |= Alt.mayHave(Bit);
+              All &= bool(Alt.Known & Bit);
+            }
+          }
+        }
+      }
+      if (Any)
+        Signal = All ? WrSlot::Always : Some ? WrSlot::Sometimes : WrSlot::Never;
+      S.Signal = Signal;
       P.Chain.push_back(std::move(S));
     }
     Posts.push_back(std::move(P));
@@ -264,6 +961,7 @@ PostSite cmPost(const TuAnalysis &A, const ApiCall &C) {
   WrSlot S;
   S.Key.Fn = C.Caller;
   S.Key.Api = C.Model;
+  S.Key.Site = C.Call;
   S.Ops.push_back(C.Model->Op);
   S.Loc = C.Call->getBeginLoc();
   if (const Expr *Flags = C.arg(ArgRole::SendFlags)) {
@@ -288,7 +986,10 @@ const ApiCall *coreChain(const TuAnalysis &A, const Expr *Wr,
   if (auto L = locationOf(E)) {
     for (const Def *D : A.flow(F).reaching(A.flow(F).resolve(*L), E))
       if (D && D->K == Def::Assign && D->Value)
-        E = stripExpr(D->Value);
+        if (const auto *CE = dyn_cast<CallExpr>(stripExpr(D->Value)))
+          for (const ApiCall &C : A.calls())
+            if (C.Call == CE && C.Model->E == Effect::RwWrs)
+              return &C;
   }
   for (const ApiCall &C : A.calls())
     if (C.Call == E && C.Model->E == Effect::RwWrs)
@@ -296,7 +997,101 @@ const ApiCall *coreChain(const TuAnalysis &A, const Expr *Wr,
   return nullptr;
 }
 
-} // namespace
+/// How many times one request runs \p P: loops over the request's parts
+/// around it, and helpers called several times in a row (once per MR).
+unsigned repeatOf(const TuAnalysis &A, const Loops &Loop, const PostSite &P) {
+  unsigned Here = Loop.around(P.Call->Call, P.Fn).N;
+  unsigned FromCallers = 1;
+  for (const FunctionDecl *G : A.functions()) {
+    std::vector<const CallExpr *> Sites = A.callsTo(G, P.Fn);
+    if (Sites.empty())
+      continue;
+    // Sites in a row add up; sites on alternative branches do not.
+    unsigned Sum = 0, Max = 0;
+    bool InRow = true;
+    for (size_t I = 0; I < Sites.size(); ++I) {
+      unsigned N = Loop.around(Sites[I], G).N;
+      Sum += N;
+      Max = std::max(Max, N);
+      if (I && !A.flow(G).reachableFrom(Sites[I - 1], Sites[I]))
+        InRow = false;
+    }
+    FromCallers = std::max(FromCallers, InRow ? Sum : Max);
+  }
+  return Here * FromCallers;
+}
+
+/// `if (q->sq_free < N) return -EAGAIN; post; q->sq_free -= N;`: posts held
+/// back until the ULP's count of free send-queue entries allows them.
+bool creditGated(const TuAnalysis &A, const PostSite &P) {
+  const FunctionFlow &Flow = A.flow(P.Fn);
+  unsigned Needed = P.entries();
+  auto Leaves = [](const Stmt *S) {
+    if (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
+      S = CS->body_empty() ? nullptr : CS->body_back();
+    return isa_and_nonnull<ReturnStmt>(S) || isa_and_nonnull<GotoStmt>(S) ||
+           isa_and_nonnull<BreakStmt>(S) || isa_and_nonnull<ContinueStmt>(S);
+  };
+  struct Reads : RecursiveASTVisitor<Reads> {
+    std::vector<Location> Found;
+    bool VisitMemberExpr(MemberExpr *ME) {
+      if (auto L = locationOf(ME))
+        Found.push_back(*L);
+      return true;
+    }
+  };
+  struct Gates : RecursiveASTVisitor<Gates> {
+    std::vector<const IfStmt *> Ifs;
+    bool VisitIfStmt(IfStmt *If) {
+      Ifs.push_back(If);
+      return true;
+    }
+  } G;
+  G.TraverseStmt(P.Fn->getBody());
+  for (const IfStmt *If : G.Ifs) {
+    if (!Leaves(If->getThen()) || !Flow.reachableFrom(If->getCond(), P.Call->Call))
+      continue;
+    Reads R;
+    R.TraverseStmt(const_cast<Expr *>(If->getCond()));
+    for (const Location &Counter : R.Found) {
+      Location C = Flow.resolve(Counter);
+      for (const Def &D : Flow.defs()) {
+        if (Flow.resolve(D.Target) != C || !Flow.reachableFrom(P.Call->Call, D.S))
+          continue;
+        std::optional<int64_t> Amount;
+        if (D.K == Def::Increment)
+          Amount = 1;
+        else if (D.K == Def::Compound &&
+                 (D.Op == BO_SubAssign || D.Op == BO_AddAssign))
+          Amount = A.values(P.Fn).constant(D.Value);
+        if (Amount && *Amount >= static_cast<int64_t>(Needed))
+          return true;
+      }
+    }
+  }
+  return false;
+}
+
+/// A REG_MR, BIND_MW or LOCAL_INV of a handle that lives in the struct
+/// holding the QP (`a->status_mr` next to `a->qp`): done once per
+/// connection, not per request.
+bool connectionRegistration(const TuAnalysis &A, ChainBuilder &Chains,
+                            const Node &N, const PostSite &P) {
+  if (!N.S.isRegistration())
+    return false;
+  SlotKey Qp = qpKeyOf(A, P.Qp, P.Fn);
+  std::vector<SlotKey> Handles = Chains.handles(N);
+  return !Handles.empty() && llvm::all_of(Handles, [&](const SlotKey &H) {
+    return (H.record() && H.record() == Qp.record()) ||
+           (H.scope() == SlotKey::Scope::Global &&
+            Qp.scope() == SlotKey::Scope::Global);
+  });
+}
+
+} // namespace wrmodel
+using namespace wrmodel;
+
+//===-- WorkRequests ------------------------------------------------------===//
 
 WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
   ChainBuilder Chains(A);
@@ -309,6 +1104,7 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
       P.Fn = C.Caller;
       P.Qp = C.arg(ArgRole::Qp);
       const Expr *Wr = C.arg(ArgRole::Wr);
+      Trace T;
       if (C.Model->E == Effect::RwPost) {
         P.CoreManaged = true;
         P.CoreSignals = !C.arg(ArgRole::Cqe) ||
@@ -318,38 +1114,135 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
         Wr = C.arg(ArgRole::ChainWr);
       } else if (const ApiCall *Core = coreChain(A, Wr, C.Caller)) {
         P.CoreManaged = true;
-        Wr = Core->arg(ArgRole::ChainWr);
         P.CoreSignals = true;
+        Wr = Core->arg(ArgRole::ChainWr);
       }
       if (Wr) {
-        std::vector<WrSlot> Roots;
-        Chains.roots(Wr, C.Caller, 0, Roots, P.Complete);
-        for (WrSlot &Root : Roots) {
-          std::set<WrKey> Seen;
-          std::vector<WrSlot> Chain = Chains.follow(Root, P.Complete, Seen, 0);
-          if (Chain.size() > P.Chain.size())
-            P.Chain = std::move(Chain);
+        std::vector<Node> Roots;
+        Chains.roots(Wr, C.Caller, nullptr, 0, Roots, T);
+        std::vector<Node> Best;
+        for (Node &Root : Roots) {
+          std::vector<Node> Chain = Root.TailChain
+                                        ? *Root.TailChain
+                                        : Chains.follow(Root, T, {}, 0);
+          if (ChainBuilder::entries(Chain) > ChainBuilder::entries(Best))
+            Best = std::move(Chain);
         }
-        for (WrSlot &S : P.Chain)
-          Chains.signalAtPost(S, P);
+        P.Setup = !Best.empty() &&
+                  llvm::all_of(Best, [&](const Node &N) {
+                    return connectionRegistration(A, Chains, N, P);
+                  });
+        for (Node &N : Best) {
+          Chains.signalAtPost(N.S, P);
+          P.Chain.push_back(std::move(N.S));
+        }
       }
+      P.Complete = T.Complete;
+      P.CoreManaged |= T.Core;
+      P.CoreSignals |= T.CoreSignals;
       Posts.push_back(std::move(P));
       break;
     }
     case Effect::PostCm:
       Posts.push_back(cmPost(A, C));
       break;
+    case Effect::PostRecv:
+      RecvPosts.push_back(&C);
+      break;
     case Effect::QpDrain:
+    case Effect::QpDrainSq:
+    case Effect::QpDrainRq:
       ++Drains;
+      DrainCalls.push_back(&C);
       break;
     default:
       break;
     }
   }
-  addExtendedPosts(A, Posts);
+  addExtendedPosts(A, Chains.loops(), Posts);
+  for (PostSite &P : Posts) {
+    P.QpKey = P.Call->Model->E == Effect::PostCm
+                  ? cmQpKey(A, P.Qp, P.Fn)
+                  : qpKeyOf(A, P.Qp, P.Fn);
+    P.Repeat = repeatOf(A, Chains.loops(), P);
+    P.CreditGated = creditGated(A, P);
+    // Extended-API binds of the connection's own window happen at setup.
+    if (P.Call->Model->E == Effect::WrxComplete && !P.Chain.empty()) {
+      bool Setup = true;
+      for (const WrSlot &S : P.Chain) {
+        const ApiCall *Op = nullptr;
+        for (const ApiCall &C : A.calls())
+          if (C.Call == S.Key.Site)
+            Op = &C;
+        const Expr *H = Op ? Op->arg(ArgRole::Mw) : nullptr;
+        if (!H && Op)
+          H = Op->arg(ArgRole::Mkey);
+        std::optional<Location> L = H ? locationOf(H) : std::nullopt;
+        SlotKey K = L ? SlotKey::of(A.flow(P.Fn).resolve(*L), P.Fn) : SlotKey();
+        Setup &= S.isRegistration() && K.record() &&
+                 K.record() == P.QpKey.record();
+      }
+      P.Setup = Setup;
+    }
+  }
+
+  // What the unit builds, posted here or not.
+  for (const FieldStore &S : A.stores())
+    if (S.Role == FieldRole::Opcode && S.Value)
+      for (Opcode O : opcodesOf(A, S)) {
+        BuildsRegistrations |= O == Opcode::RegMr || O == Opcode::LocalInv ||
+                               O == Opcode::BindMw;
+        PostsRdma |= O == Opcode::RdmaRead || O == Opcode::RdmaWrite ||
+                     O == Opcode::RdmaReadWithInv;
+      }
+  for (const ApiCall &C : A.calls()) {
+    if (C.Model->CoreManaged)
+      continue;
+    Opcode O = C.Model->Op;
+    BuildsRegistrations |= O == Opcode::RegMr || O == Opcode::LocalInv ||
+                           O == Opcode::BindMw || C.Model->E == Effect::MwBind;
+    PostsRdma |= O == Opcode::RdmaRead || O == Opcode::RdmaWrite;
+  }
+
+  collectCreations();
   exportFacts();
   LLVM_DEBUG(dump(llvm::dbgs()));
+  if (DumpWorkRequests)
+    dump(llvm::errs());
+}
 
+/// Storage assigned from a QP's storage (`t->qp = t->cm_id->qp`) or from a
+/// conversion of it (`c->qpx = ibv_qp_to_qp_ex(c->qp)`) names it too.
+static void addQpAliases(const TuAnalysis &A, std::vector<SlotKey> &Names) {
+  for (int Round = 0; Round < 3; ++Round) {
+    size_t Before = Names.size();
+    for (const FunctionDecl *F : A.functions()) {
+      const FunctionFlow &Flow = A.flow(F);
+      for (const Def &D : Flow.defs()) {
+        if (D.K != Def::Assign || !D.Value)
+          continue;
+        const Expr *V = stripExpr(D.Value);
+        if (const auto *CE = dyn_cast<CallExpr>(V))
+          V = CE->getNumArgs() && !A.modelOf(CE) && CE->getType()->isPointerType()
+                  ? stripExpr(CE->getArg(0))
+                  : nullptr;
+        std::optional<Location> L = V ? locationOf(V) : std::nullopt;
+        if (!L || !V->getType()->isPointerType())
+          continue;
+        SlotKey From = SlotKey::of(Flow.resolve(*L), F);
+        if (!llvm::is_contained(Names, From))
+          continue;
+        SlotKey To = SlotKey::of(Flow.resolve(D.Target), F);
+        if (To.valid() && !llvm::is_contained(Names, To))
+          Names.push_back(To);
+      }
+    }
+    if (Names.size() == Before)
+      return;
+  }
+}
+
+void WorkRequests::collectCreations() {
   for (const ApiCall &C : A.calls()) {
     if (C.Model->E != Effect::QpCreate)
       continue;
@@ -357,6 +1250,7 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
     Q.Call = &C;
     Q.Fn = C.Caller;
     Q.CoreManaged = C.Model->CoreManaged;
+    const FunctionFlow &Flow = A.flow(C.Caller);
     std::optional<Location> Attr;
     if (const Expr *E = C.arg(ArgRole::Attr))
       Attr = locationOf(E);
@@ -364,9 +1258,17 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
       if (!Attr || FS.Struct->Role != StructRole::QpInitAttr ||
           !A.sameStorage(FS.Object, FS.Fn, *Attr, C.Caller))
         continue;
-      // The store in the creating function wins over ones elsewhere.
+      // The store that reaches the creation wins over ones elsewhere (one
+      // attribute struct may serve two creations in a row).
       const FieldStore *&Slot = Q.Caps[FS.Role];
-      if (!Slot || FS.Fn == C.Caller)
+      bool Reaches = FS.Fn == C.Caller &&
+                     llvm::any_of(Flow.reaching(Flow.resolve(FS.Target), C.Call),
+                                  [&](const Def *D) { return D && D->S == FS.At; });
+      bool SlotReaches =
+          Slot && Slot->Fn == C.Caller &&
+          llvm::any_of(Flow.reaching(Flow.resolve(Slot->Target), C.Call),
+                       [&](const Def *D) { return D && D->S == Slot->At; });
+      if (!Slot || (Reaches && !SlotReaches) || (!SlotReaches && FS.Fn == C.Caller))
         Slot = &FS;
     }
     for (FieldRole Role : {FieldRole::SqSigAll, FieldRole::SqSigType}) {
@@ -375,6 +1277,8 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
         continue;
       Q.SignalStore = It->second;
       std::optional<int64_t> V = A.values(It->second->Fn).constant(It->second->Value);
+      if (!V && !It->second->Value)
+        V = 0; // zeroed
       if (!V)
         continue;
       if (Role == FieldRole::SqSigAll)
@@ -382,19 +1286,177 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
       else
         Q.SignalAll = A.enumValue(A.rules().flagName(Domain::Kernel, Flag::SignalAll)) == V;
     }
+    // Userspace: a zeroed ibv_qp_init_attr leaves sq_sig_all 0, "requested
+    // only"; the kernel's zero is IB_SIGNAL_ALL_WR.
+    if (!Q.SignalStore && Attr && A.domain() == Domain::Userspace &&
+        Q.Caps.count(FieldRole::MaxSendWr)) {
+      std::optional<Location> Sig = A.member(*Attr, FieldRole::SqSigAll);
+      if (Sig) {
+        auto Reaching = Flow.reaching(Flow.resolve(*Sig), C.Call);
+        bool Zeroed = !Reaching.empty() && llvm::all_of(Reaching, [&](const Def *D) {
+          if (!D)
+            return false;
+          if (D->K == Def::Zero)
+            return true;
+          const Expr *Init = D->Value ? stripExpr(D->Value) : nullptr;
+          return D->K == Def::Assign && D->Target != Flow.resolve(*Sig) &&
+                 (isa_and_nonnull<InitListExpr>(Init) ||
+                  isa_and_nonnull<CompoundLiteralExpr>(Init));
+        });
+        if (Zeroed)
+          Q.SignalAll = false;
+      }
+    }
+    // The QP's storage: what the call returns into, or the cm_id's qp.
+    if (C.Model->Returns == StructRole::Qp || C.Model->arg(ArgRole::Out))
+      if (std::optional<Location> R = A.resultOf(C.Call))
+        Q.QpKey = SlotKey::of(Flow.resolve(*R), C.Caller);
+    if (!Q.QpKey.valid())
+      Q.QpKey = cmQpKey(A, C.arg(ArgRole::Id), C.Caller);
+    if (Q.QpKey.valid()) {
+      Q.QpNames.push_back(Q.QpKey);
+      addQpAliases(A, Q.QpNames);
+      // Other files of the ULP name the QP by the ULP's own field rather
+      // than the cm_id's (`conn->qp = conn->cm_id->qp`).
+      for (const SlotKey &K : Q.QpNames)
+        if (K.record() && K != Q.QpKey && Q.QpKey.record() &&
+            Q.QpKey.record()->getName() == "rdma_cm_id") {
+          Q.QpKey = K;
+          break;
+        }
+    }
     Creations.push_back(std::move(Q));
   }
 }
 
-static bool isRegistration(const WrSlot &S) {
-  return S.mayBe(Opcode::RegMr) || S.mayBe(Opcode::LocalInv) ||
-         S.mayBe(Opcode::BindMw);
+const QpCreation *WorkRequests::creationOf(const SlotKey &Key) const {
+  for (const QpCreation &Q : Creations)
+    if (Key.valid() && Q.holds(Key))
+      return &Q;
+  return nullptr;
+}
+
+const QpCreation *WorkRequests::creationFor(const PostSite &P) const {
+  if (const QpCreation *Q = creationOf(P.QpKey))
+    return Q;
+  // One QP in the unit: posts on storage it cannot tie (a parameter) are
+  // on it, unless they name another QP's storage.
+  if (Creations.size() == 1 &&
+      (!P.QpKey.valid() || P.QpKey.scope() == SlotKey::Scope::Local ||
+       !P.QpKey.record() || P.QpKey.record() == Creations.front().QpKey.record()))
+    return &Creations.front();
+  // rdma_create_qp(queue->cm_id, ...) and posts on queue->qp: the struct
+  // that holds the cm_id keeps its QP next to it (`queue->qp =
+  // queue->cm_id->qp`, possibly in another file).
+  if (Creations.size() == 1 && P.QpKey.record()) {
+    const QpCreation &Q = Creations.front();
+    const RecordDecl *Cm = Q.QpKey.record();
+    const Expr *Id = Q.Call->arg(ArgRole::Id);
+    std::optional<Location> L = Id ? locationOf(stripExpr(Id)) : std::nullopt;
+    if (Cm && Cm->getName() == "rdma_cm_id" && L) {
+      SlotKey IdKey = SlotKey::of(A.flow(Q.Fn).resolve(*L), Q.Fn);
+      if (IdKey.record() == P.QpKey.record())
+        return &Q;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<const PostSite *> WorkRequests::postsOn(const QpCreation &Q) const {
+  std::vector<const PostSite *> Out;
+  for (const PostSite &P : Posts)
+    if (creationFor(P) == &Q)
+      Out.push_back(&P);
+  return Out;
+}
+
+RequestCost WorkRequests::requestCost(const QpCreation &Q) const {
+  return requestCost(postsOn(Q));
+}
+
+RequestCost
+WorkRequests::requestCost(llvm::ArrayRef<const PostSite *> On) const {
+  // A request sends one message (the longest chain a post submits) and
+  // needs the registrations and invalidations posted anywhere for it.
+  RequestCost Cost;
+  auto Counted = [&](const PostSite &P) {
+    if (P.Setup)
+      return false;
+    if (P.CreditGated) {
+      Cost.Gated = true;
+      return false;
+    }
+    return true;
+  };
+  const PostSite *Longest = nullptr;
+  for (const PostSite *P : On)
+    if (Counted(*P) && (!Longest || P->entries() * P->Repeat >
+                                        Longest->entries() * Longest->Repeat))
+      Longest = P;
+  std::set<WrKey> Seen;
+  auto Add = [&](const WrSlot &S, unsigned Repeat) {
+    if (!Seen.insert(S.Key).second)
+      return;
+    Cost.Slots.push_back({&S, S.Count * Repeat});
+    Cost.Total += S.Count * Repeat;
+  };
+  if (Longest)
+    for (const WrSlot &S : Longest->Chain)
+      Add(S, Longest->Repeat);
+  for (const PostSite *P : On)
+    if (Counted(*P))
+      for (const WrSlot &S : P->Chain)
+        if (S.isRegistration())
+          Add(S, P->Repeat);
+  return Cost;
+}
+
+const CallExpr *WorkRequests::drainOf(const QpCreation &Q, bool Send) const {
+  for (const ApiCall *C : DrainCalls) {
+    Effect E = C->Model->E;
+    if (E == (Send ? Effect::QpDrainRq : Effect::QpDrainSq))
+      continue;
+    SlotKey K = qpKeyOf(A, C->arg(ArgRole::Qp), C->Caller);
+    if (creationOf(K) == &Q || (Creations.size() == 1 && !creationOf(K)))
+      return C->Call;
+  }
+  return nullptr;
+}
+
+const CallExpr *WorkRequests::sendDrain(const QpCreation &Q) const {
+  return drainOf(Q, true);
+}
+
+const CallExpr *WorkRequests::recvDrain(const QpCreation &Q) const {
+  return drainOf(Q, false);
+}
+
+std::optional<Linear> WorkRequests::postedReceives(const QpCreation &Q) const {
+  // The refill loop at setup: `for (i = 0; i < depth; i++) post_recv(...)`.
+  for (const ApiCall *C : RecvPosts) {
+    SlotKey K = qpKeyOf(A, C->arg(ArgRole::Qp), C->Caller);
+    if (creationOf(K) != &Q && !(Creations.size() == 1 && !creationOf(K)))
+      continue;
+    const ParentMap &PM = A.flow(C->Caller).parents();
+    for (const Stmt *P = PM.getParent(C->Call); P; P = PM.getParent(P)) {
+      const auto *FS = dyn_cast<ForStmt>(P);
+      if (!FS || !FS->getCond())
+        continue;
+      const auto *BO = dyn_cast<BinaryOperator>(stripExpr(FS->getCond()));
+      if (!BO || BO->getOpcode() != BO_LT)
+        continue;
+      Linear Bound = evalLinear(A, C->Caller, BO->getRHS());
+      if (!Bound.Opaque)
+        return Bound;
+    }
+  }
+  return std::nullopt;
 }
 
 bool WorkRequests::postsRegistrations() const {
   for (const PostSite &P : Posts)
     for (const WrSlot &S : P.Chain)
-      if (isRegistration(S))
+      if (S.isRegistration())
         return true;
   return false;
 }
@@ -410,16 +1472,53 @@ bool WorkRequests::mayRequestCompletion() const {
   return false;
 }
 
+std::string WorkRequests::costFact(StringRef Qp, unsigned N) {
+  return factKey(FactKind::SendQueueCost, (Qp + ">=" + std::to_string(N)).str());
+}
+std::string WorkRequests::signalsFact(StringRef Qp) {
+  return factKey(FactKind::SignalsOn, Qp);
+}
+std::string WorkRequests::postsFact(StringRef Qp) {
+  return factKey(FactKind::PostsOn, Qp);
+}
+
 /// What other files of the ULP may need to know about this one's posts.
 void WorkRequests::exportFacts() const {
+  const Program &Prog = Program::of(A);
+  if (BuildsRegistrations)
+    Prog.exportFact(factKey(FactKind::PostsRegistration, Prog.key()));
+  if (PostsRdma)
+    Prog.exportFact(factKey(FactKind::PostsRdma, Prog.key()));
   if (Posts.empty())
     return;
-  std::string Ulp = Program::of(A).key();
-  Program::of(A).exportFact(factKey(FactKind::Posts, Ulp));
+  std::string Ulp = Prog.key();
+  Prog.exportFact(factKey(FactKind::Posts, Ulp));
   if (postsRegistrations())
-    Program::of(A).exportFact(factKey(FactKind::PostsRegistration, Ulp));
+    Prog.exportFact(factKey(FactKind::PostsRegistration, Ulp));
   if (mayRequestCompletion())
-    Program::of(A).exportFact(factKey(FactKind::Signals, Ulp));
+    Prog.exportFact(factKey(FactKind::Signals, Ulp));
+  // Per QP: what one request posts, and whether anything there signals.
+  std::map<std::string, std::vector<const PostSite *>> ByQp;
+  for (const PostSite &P : Posts) {
+    std::string Key = P.QpKey.isShared() ? P.QpKey.str() : "*";
+    if (const QpCreation *Q = creationFor(P))
+      Key = Q->QpKey.str();
+    ByQp[Key].push_back(&P);
+  }
+  for (const auto &[Qp, On] : ByQp) {
+    Prog.exportFact(postsFact(Qp));
+    bool Signals = llvm::any_of(On, [](const PostSite *P) {
+      return P->CoreSignals || !P->Complete ||
+             llvm::any_of(P->Chain, [](const WrSlot &S) {
+               return S.Signal != WrSlot::Never;
+             });
+    });
+    if (Signals)
+      Prog.exportFact(signalsFact(Qp));
+    RequestCost Cost = requestCost(On);
+    for (unsigned N = 1; N <= Cost.Total && N <= 64; ++N)
+      Prog.exportFact(costFact(Qp, N));
+  }
 }
 
 std::optional<Linear> capValue(const TuAnalysis &A, const QpCreation &Q,
@@ -448,33 +1547,43 @@ const WorkRequests &WorkRequests::of(const TuAnalysis &A) {
 
 void WorkRequests::dump(llvm::raw_ostream &OS) const {
   for (const PostSite &P : Posts) {
-    OS << "post in " << P.Fn->getName() << (P.Complete ? "" : " (incomplete)")
-       << (P.CoreManaged ? " (core)" : "") << ":";
-    for (const WrSlot &S : P.Chain)
-      OS << " [" << S.Key.str() << " " << describe({&S}) << " sig=" << S.Signal
-         << "]";
+    OS << "post in " << P.Fn->getName() << " on " << P.QpKey.str()
+       << (P.Complete ? "" : " (incomplete)") << (P.CoreManaged ? " (core)" : "")
+       << (P.Setup ? " (setup)" : "") << (P.CreditGated ? " (gated)" : "");
+    if (P.Repeat != 1)
+      OS << " x" << P.Repeat;
+    OS << ":";
+    for (const WrSlot &S : P.Chain) {
+      OS << " [" << S.Key.str() << " " << describe({&S}) << " sig=" << S.Signal;
+      if (S.Count != 1)
+        OS << " x" << S.Count;
+      OS << "]";
+    }
     OS << "\n";
+  }
+  for (const QpCreation &Q : Creations) {
+    OS << "qp " << Q.QpKey.str() << " (";
+    for (const SlotKey &K : Q.QpNames)
+      OS << K.str() << " ";
+    OS << ")";
+    if (auto V = capValue(A, Q, FieldRole::MaxSendWr))
+      OS << " max_send_wr=" << V->str();
+    if (Q.SignalAll)
+      OS << (*Q.SignalAll ? " signal-all" : " signal-requested");
+    RequestCost Cost = requestCost(Q);
+    OS << " per-request: " << describe(Cost) << " = " << Cost.Total
+       << (Cost.Gated ? " (gated posts left out)" : "") << "\n";
   }
   OS << "per-I/O: " << describe(perIoSlots()) << " drains=" << Drains << "\n";
 }
 
 std::vector<const WrSlot *> WorkRequests::perIoSlots() const {
-  // A request sends one message (the longest chain a post submits) and
-  // needs the registrations and invalidations posted anywhere for it.
-  const PostSite *Longest = nullptr;
+  std::vector<const PostSite *> All;
   for (const PostSite &P : Posts)
-    if (!Longest || P.Chain.size() > Longest->Chain.size())
-      Longest = &P;
+    All.push_back(&P);
   std::vector<const WrSlot *> Slots;
-  std::set<WrKey> Seen;
-  if (Longest)
-    for (const WrSlot &S : Longest->Chain)
-      if (Seen.insert(S.Key).second)
-        Slots.push_back(&S);
-  for (const PostSite &P : Posts)
-    for (const WrSlot &S : P.Chain)
-      if (isRegistration(S) && Seen.insert(S.Key).second)
-        Slots.push_back(&S);
+  for (const auto &[S, N] : requestCost(All).Slots)
+    Slots.push_back(S);
   return Slots;
 }
 
@@ -495,18 +1604,27 @@ static StringRef opcodeWord(Opcode O) {
   return "?";
 }
 
+static std::string slotWord(const WrSlot &S) {
+  if (S.Ops.empty())
+    return "?";
+  std::string Out;
+  for (size_t I = 0; I < S.Ops.size(); ++I)
+    Out += (I ? "/" : "") + opcodeWord(S.Ops[I]).str();
+  return Out;
+}
+
 std::string WorkRequests::describe(llvm::ArrayRef<const WrSlot *> Slots) {
   std::string Out;
-  for (const WrSlot *S : Slots) {
-    if (!Out.empty())
-      Out += ", ";
-    if (S->Ops.empty()) {
-      Out += "?";
-      continue;
-    }
-    for (size_t I = 0; I < S->Ops.size(); ++I)
-      Out += (I ? "/" : "") + opcodeWord(S->Ops[I]).str();
-  }
+  for (const WrSlot *S : Slots)
+    Out += (Out.empty() ? "" : ", ") + slotWord(*S);
+  return Out;
+}
+
+std::string WorkRequests::describe(const RequestCost &Cost) {
+  std::string Out;
+  for (const auto &[S, N] : Cost.Slots)
+    Out += (Out.empty() ? "" : ", ") +
+           (N > 1 ? std::to_string(N) + " x " : std::string()) + slotWord(*S);
   return Out;
 }
 

@@ -1,10 +1,13 @@
 //===- WorkRequests.h - Work requests, posts and queue pairs ----*- C++ -*-===//
 //
 // For each post the engine computes the chain of work requests it may post
-// (following .next through struct fields, locals, helper parameters and the
-// callers' arguments), the opcodes and signaling of each, and for each QP
-// creation the requested capacities. The checks on send-queue accounting
-// read this model.
+// (following .next through struct fields, locals, tail pointers, helpers
+// that fill a caller's work request or return a chain, and the callers'
+// arguments), the opcodes and signaling of each, how many send-queue entries
+// one run of the post takes (arrays of work requests, appends in a loop),
+// how often one request runs it, and the QP it posts on. For each QP
+// creation it knows the requested capacities and the storage that holds the
+// QP. The checks on send-queue accounting read this model.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,17 +22,21 @@ namespace ulplint {
 
 /// Identity of a work request across posts: the storage it lives in, or for
 /// one built by a call (the extended API, rdma_post_*), the building
-/// function and API.
+/// function, API and call.
 struct WrKey {
   SlotKey Storage;
   const clang::FunctionDecl *Fn = nullptr;
   const FunctionModel *Api = nullptr;
+  /// The building call (ibv_wr_rdma_write(...)): two WRITEs of one batch are
+  /// two work requests.
+  const clang::CallExpr *Site = nullptr;
 
   bool operator<(const WrKey &O) const {
     if (Storage != O.Storage)
       return Storage < O.Storage;
-    return std::tie(Fn, Api) < std::tie(O.Fn, O.Api);
+    return std::tie(Fn, Api, Site) < std::tie(O.Fn, O.Api, O.Site);
   }
+  bool operator==(const WrKey &O) const { return !(*this < O) && !(O < *this); }
   std::string str() const;
 };
 
@@ -44,8 +51,13 @@ struct WrSlot {
   /// Where the signaling decision is made (send_flags store), if anywhere.
   const FieldStore *Flags = nullptr;
   clang::SourceLocation Loc; // where its opcode is set
+  /// Send-queue entries this work request takes in one post: the elements
+  /// of a WR array linked to each other, or the appends made in a loop.
+  unsigned Count = 1;
 
   bool mayBe(Opcode O) const { return llvm::is_contained(Ops, O); }
+  /// REG_MR, BIND_MW or LOCAL_INV.
+  bool isRegistration() const;
 };
 
 /// A post of send work requests: ibv_post_send, ib_post_send, the extended
@@ -59,6 +71,20 @@ struct PostSite {
   bool Complete = true;     // every link of the chain was resolved
   bool CoreManaged = false; // rdma_rw / regcore post their own WRs here
   bool CoreSignals = false; // ... and signal the last one (cqe given)
+  /// The storage of the QP posted on (`queue->qp`: nvme_rdma_queue.qp).
+  SlotKey QpKey;
+  /// How many times one request runs this post: it sits in a loop over the
+  /// request's MRs, or its helper is called once per MR.
+  unsigned Repeat = 1;
+  /// Registers or invalidates only handles of the connection itself (the
+  /// struct that holds the QP): set up once, not per request.
+  bool Setup = false;
+  /// The post waits for free send-queue entries the ULP counts in work
+  /// requests (`if (q->sq_free < 2) return -EAGAIN; ... q->sq_free -= 2`).
+  bool CreditGated = false;
+
+  /// Send-queue entries one run of the post takes.
+  unsigned entries() const;
 };
 
 /// A QP creation and what it asks for.
@@ -71,8 +97,28 @@ struct QpCreation {
   /// sq_sig_all / sq_sig_type: true when every WR is signaled, false when
   /// only WRs with the SIGNALED flag are, unset when the code never says.
   std::optional<bool> SignalAll;
+  /// The store that says so, or null when a zeroed userspace attribute
+  /// struct leaves sq_sig_all 0.
   const FieldStore *SignalStore = nullptr;
   bool CoreManaged = false; // regcore_qp_create
+  /// The storage that holds the QP (`queue->qp`, `id->qp` for rdma_cm), the
+  /// name other files of the ULP post on.
+  SlotKey QpKey;
+  /// Every storage that holds this QP or its ibv_qp_ex (`c->qpx =
+  /// ibv_qp_to_qp_ex(c->qp)`).
+  std::vector<SlotKey> QpNames;
+
+  bool holds(const SlotKey &K) const { return llvm::is_contained(QpNames, K); }
+};
+
+/// What one request keeps on a QP's send queue until its completions are
+/// reaped.
+struct RequestCost {
+  /// The work requests, with the entries each takes per request.
+  std::vector<std::pair<const WrSlot *, unsigned>> Slots;
+  unsigned Total = 0;
+  /// Posts were left out because the ULP gates them by send-queue credits.
+  bool Gated = false;
 };
 
 /// Stores with \p Role into the work request \p S names (any of its names).
@@ -95,27 +141,61 @@ public:
   /// ib_drain_qp / ib_drain_sq calls: each needs a free send-queue slot.
   unsigned drains() const { return Drains; }
 
+  /// The creation whose QP \p Key names; with one creation in the unit, the
+  /// posts on QPs of unknown storage are taken to be on it.
+  const QpCreation *creationOf(const SlotKey &Key) const;
+  /// Posts on \p Q's QP.
+  std::vector<const PostSite *> postsOn(const QpCreation &Q) const;
+  /// What one request keeps on \p Q's send queue (the posts of this unit).
+  RequestCost requestCost(const QpCreation &Q) const;
+  /// The same for posts on the QP stored in \p Key, when the unit creates
+  /// none (the program's other files size the queue).
+  RequestCost requestCost(llvm::ArrayRef<const PostSite *> Posts) const;
+  /// Drains of \p Q that need a free entry in the send (receive) queue.
+  const clang::CallExpr *sendDrain(const QpCreation &Q) const;
+  const clang::CallExpr *recvDrain(const QpCreation &Q) const;
+  /// The receive WRs \p Q keeps posted (a refill loop bounded by the depth).
+  std::optional<Linear> postedReceives(const QpCreation &Q) const;
+
   /// The send-queue entries one request may occupy before its completion is
-  /// reaped: the longest chain any post submits, plus every registration or
-  /// invalidation work request posted elsewhere (REG_MR before the SEND,
-  /// LOCAL_INV from the completion path).
+  /// reaped, over every post of the unit.
   std::vector<const WrSlot *> perIoSlots() const;
   /// Some post submits REG_MR, LOCAL_INV or BIND_MW.
   bool postsRegistrations() const;
+  /// The unit builds REG_MR, LOCAL_INV or BIND_MW work requests (posted here
+  /// or by another file).
+  bool buildsRegistrations() const { return BuildsRegistrations; }
+  /// The unit moves data with RDMA READ or WRITE work requests of its own.
+  bool postsRdma() const { return PostsRdma; }
   /// Some post may ask for a completion (or could not be followed).
   bool mayRequestCompletion() const;
   /// "REG_MR, SEND, LOCAL_INV"
   static std::string describe(llvm::ArrayRef<const WrSlot *> Slots);
-  /// The posts and per-I/O slots, for -debug-only=ulplint-wr.
+  /// "2 x REG_MR, SEND, 2 x LOCAL_INV"
+  static std::string describe(const RequestCost &Cost);
+  /// The posts and per-I/O slots (--dump-work-requests).
   void dump(llvm::raw_ostream &OS) const;
+
+  /// Facts other files use to judge this unit's queues:
+  /// "sq-cost:<qp>:<n>" for n = 1..what one request posts on the QP.
+  static std::string costFact(llvm::StringRef Qp, unsigned N);
+  static std::string signalsFact(llvm::StringRef Qp);
+  static std::string postsFact(llvm::StringRef Qp);
 
 private:
   void exportFacts() const;
+  void collectCreations();
+  const QpCreation *creationFor(const PostSite &P) const;
+  const clang::CallExpr *drainOf(const QpCreation &Q, bool Send) const;
 
   const TuAnalysis &A;
   std::vector<PostSite> Posts;
   std::vector<QpCreation> Creations;
+  std::vector<const ApiCall *> DrainCalls;
+  std::vector<const ApiCall *> RecvPosts;
   unsigned Drains = 0;
+  bool BuildsRegistrations = false;
+  bool PostsRdma = false;
 };
 
 } // namespace ulplint

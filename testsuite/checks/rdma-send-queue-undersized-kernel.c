@@ -35,9 +35,9 @@ static int demo_create_qp(struct demo_queue *queue, struct ib_pd *pd)
 	};
 
 	init_attr.cap.max_send_wr = DEMO_FACTOR * queue->queue_size + DEMO_EXTRA;
-	// CHECK-MESSAGES-FACTOR: :[[@LINE-1]]:2: warning: each request posts up to 3 WRs (REG_MR, SEND, LOCAL_INV) but max_send_wr is 2*queue->queue_size+1; with queue->queue_size requests in flight the send queue overflows and posts fail [rdma-send-queue-undersized]
+	// CHECK-MESSAGES-FACTOR: :[[@LINE-1]]:2: warning: each request posts up to 3 WRs (REG_MR, SEND, LOCAL_INV) but max_send_wr is 2*queue->queue_size+DEMO_EXTRA; with queue->queue_size requests in flight the send queue overflows and posts fail [rdma-send-queue-undersized]
 	// CHECK-MESSAGES-FACTOR: note: work request built here
-	// CHECK-MESSAGES-DRAIN: :[[@LINE-3]]:2: warning: max_send_wr is 3*queue->queue_size, 3 per request, but ib_drain_qp() needs one more entry; draining a full queue hangs [rdma-send-queue-undersized]
+	// CHECK-MESSAGES-DRAIN: :[[@LINE-3]]:2: warning: max_send_wr is 3*queue->queue_size+DEMO_EXTRA, exactly the 3 per request for queue->queue_size requests, and leaves no entry for ib_drain_qp(): on a full send queue it cannot post its drain work request, warns and returns without draining, and the QP is destroyed with work requests in flight [rdma-send-queue-undersized]
 	init_attr.cap.max_recv_wr = queue->queue_size + 1;
 	init_attr.cap.max_send_sge = 1;
 	init_attr.cap.max_recv_sge = 1;
