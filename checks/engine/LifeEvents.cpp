@@ -620,6 +620,25 @@ private:
                 StringRef Name, bool EntryOfContainer = false, bool Unmap = false) {
     if (!Arg)
       return;
+    // `list_add_tail(&mr->qp_entry, list)`: the handle itself goes onto the
+    // list (ib_mr_pool_init); the list keeps it.
+    if (EntryOfContainer)
+      if (const auto *UO = dyn_cast<UnaryOperator>(stripExpr(Arg));
+          UO && UO->getOpcode() == UO_AddrOf)
+        if (const auto *ME = dyn_cast<MemberExpr>(stripExpr(UO->getSubExpr()))) {
+          const Expr *Owner = ME->getBase();
+          // Through anonymous unions (ib_mr's qp_entry).
+          while (const auto *In = dyn_cast<MemberExpr>(stripExpr(Owner))) {
+            const auto *FD = dyn_cast<FieldDecl>(In->getMemberDecl());
+            if (!FD || !FD->isAnonymousStructOrUnion())
+              break;
+            Owner = In->getBase();
+          }
+          if (auto Slot = handleSlot(Fn, Owner)) {
+            add(event(LifeEventKind::Escape, *Slot, Fn, CE, CE->getBeginLoc(), Name));
+            return;
+          }
+        }
     std::optional<Location> Freed = EntryOfContainer ? locationOf(Arg) : memoryOf(Arg);
     if (!Freed)
       return;

@@ -4,6 +4,7 @@
 // Kernel MR handling with error unwinding.
 
 #include <rdma/mr_pool.h>
+#include <linux/list.h>
 #include <linux/slab.h>
 
 #define WARN_ON_ONCE_DEMO(condition) ({ int __ret_warn_on = !!(condition); \
@@ -88,6 +89,27 @@ static int ok_map_sg(struct demo_queue *q, struct demo_req *req)
 		ib_mr_pool_put(q->qp, &q->qp->rdma_mrs, req->mr);
 		req->mr = NULL;
 		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Near miss: ib_mr_pool_init()'s shape. Each MR goes onto the pool's list
+ * through its own list node; the list keeps it. */
+struct demo_pool_owner {
+	struct ib_pd *pd;
+	struct list_head free_mrs;
+};
+
+static int demo_pool_fill(struct demo_pool_owner *o, int nr)
+{
+	struct ib_mr *mr;
+	int i;
+
+	for (i = 0; i < nr; i++) {
+		mr = ib_alloc_mr(o->pd, IB_MR_TYPE_MEM_REG, 16);
+		if (IS_ERR(mr))
+			return PTR_ERR(mr);
+		list_add_tail(&mr->qp_entry, &o->free_mrs);
 	}
 	return 0;
 }
