@@ -37,6 +37,8 @@ static llvm::StringRef factVerb(FactKind K) {
   case FactKind::TearsDown: return "tears-down";
   case FactKind::GrantsRemoteWrite: return "grants-remote-write";
   case FactKind::LacksRemoteWrite: return "lacks-remote-write";
+  case FactKind::RkeyLeaves: return "rkey-leaves";
+  case FactKind::Defines: return "defines";
   }
   return "";
 }

@@ -40,6 +40,8 @@ enum class FactKind {
   TearsDown,         // a teardown releases the handles of the struct
   GrantsRemoteWrite, // some registration of the slot may grant remote write
   LacksRemoteWrite,  // a registration of the slot surely grants no remote write
+  RkeyLeaves,        // the rkey of an MR field may reach a peer from this unit
+  Defines,           // the unit defines the external function (subject: name)
 };
 
 /// The spelling units exchange: "exposes:nvme_rdma_request.mr".
