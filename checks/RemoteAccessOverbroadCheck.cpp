@@ -228,7 +228,7 @@ static uint64_t grantedRemote(const TuAnalysis &A, const AccessSite &S) {
   // On iWARP an RDMA READ's sink needs REMOTE_WRITE: the READ request
   // carries its key to the responder, which places the data with it.
   if ((Granted & A.flagBit(Flag::RemoteWrite)) &&
-      isReadSink(A, *S.Region, S.RegionFn))
+      isReadSink(A, *S.Region, S.RegionFn, S.Fn))
     Granted &= ~A.flagBit(Flag::RemoteWrite);
   return Granted;
 }

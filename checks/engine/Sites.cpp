@@ -400,14 +400,43 @@ static const FieldDecl *lastField(const TuAnalysis &A, const Location &L,
   return R.Steps.empty() ? nullptr : R.Steps.back().Field;
 }
 
+/// Is \p RegFn the function of the READ \p Sink, or one it calls?
+static bool registersFor(const TuAnalysis &A, const FunctionDecl *RegFn,
+                         const ReadSink &Sink) {
+  if (RegFn == Sink.Fn || RegFn == Sink.RegionFn)
+    return true;
+  return llvm::any_of(A.callersOf(RegFn), [&](const auto &CallAndCaller) {
+    return CallAndCaller.second == Sink.Fn ||
+           CallAndCaller.second == Sink.RegionFn;
+  });
+}
+
 bool isReadSink(const TuAnalysis &A, const Location &Region,
-                const FunctionDecl *Fn) {
+                const FunctionDecl *Fn, const FunctionDecl *RegFn) {
   const FieldDecl *Field = lastField(A, Region, Fn);
   for (const ReadSink &Sink : readSinks(A)) {
     if (!Sink.Region)
       continue;
-    if (A.sameStorage(*Sink.Region, Sink.RegionFn, Region, Fn) ||
-        (Field && lastField(A, *Sink.Region, Sink.RegionFn) == Field))
+    bool Same = A.sameStorage(*Sink.Region, Sink.RegionFn, Region, Fn);
+    if (Same && Sink.RegionFn == Fn)
+      return true;
+    if (!Same && (!Field || lastField(A, *Sink.Region, Sink.RegionFn) != Field))
+      continue;
+    // The same MR field (of some object) is the sink. When the READ's own
+    // path registers that field (`fsx_pull()` calls `fsx_reg_sink()`),
+    // other registrations of the field (`fsx_reg_reply_source()`) are for
+    // other traffic.
+    if (!RegFn || registersFor(A, RegFn, Sink))
+      return true;
+    bool Bound = false;
+    for (const AccessSite &Other : AccessSites::of(A).All)
+      if (Other.Fn != RegFn && Other.Region &&
+          (Other.K == AccessSite::Registration ||
+           Other.K == AccessSite::FastReg) &&
+          lastField(A, *Other.Region, Other.RegionFn) == Field &&
+          registersFor(A, Other.Fn, Sink))
+        Bound = true;
+    if (!Bound)
       return true;
   }
   return false;

@@ -51,9 +51,11 @@ struct AccessSites {
 /// caller and the call. Empty when the site takes neither from parameters.
 std::vector<AccessSite> siteAtCalls(const TuAnalysis &A, const AccessSite &S);
 
-/// Does some RDMA READ of the unit land in the MR stored in \p Region?
+/// Does some RDMA READ of the unit land in the MR stored in \p Region, as
+/// registered in \p RegFn (any registration when null)?
 bool isReadSink(const TuAnalysis &A, const Location &Region,
-                const clang::FunctionDecl *Fn);
+                const clang::FunctionDecl *Fn,
+                const clang::FunctionDecl *RegFn = nullptr);
 
 /// The opcodes a store into a work request's opcode field may write.
 llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,
