@@ -1,12 +1,18 @@
 //===- RemoteAccessOverbroadCheck.cpp - rdma-remote-access-overbroad ------===//
 
 #include "RemoteAccessOverbroadCheck.h"
+#include "engine/Lifecycle.h"
+#include "engine/Program.h"
+#include "clang/AST/RecursiveASTVisitor.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/ParentMap.h"
+#include "llvm/ADT/StringSet.h"
 
 using namespace clang;
 
 namespace ulplint {
+
+static void exportDefinitions(const TuAnalysis &A);
 
 void RemoteAccessOverbroadCheck::run(const TuAnalysis &A) {
   if (!A.flagBit(Flag::LocalWrite))
@@ -14,9 +20,17 @@ void RemoteAccessOverbroadCheck::run(const TuAnalysis &A) {
   for (const AccessSite &S : AccessSites::of(A).All) {
     if (S.K != AccessSite::Registration && S.K != AccessSite::FastReg)
       continue;
-    checkUnusedRights(A, S);
+    // A registration helper is judged at each call, with the MR and the
+    // rights that caller passes.
+    std::vector<AccessSite> AtCalls = siteAtCalls(A, S);
+    if (AtCalls.empty())
+      checkUnusedRights(A, S);
+    for (const AccessSite &At : AtCalls)
+      checkUnusedRights(A, At);
     checkImplicitOdp(A, S);
   }
+  exportLeavingKeys(A);
+  exportDefinitions(A);
   checkGlobalRkey(A);
 }
 
@@ -25,39 +39,230 @@ static uint64_t remoteBits(const TuAnalysis &A) {
          A.flagBit(Flag::RemoteAtomic);
 }
 
-/// Storage that code in other translation units cannot name.
-static bool isUnitPrivate(const TuAnalysis &A, const Location &Region,
-                          const FunctionDecl *Fn) {
+/// The struct whose field holds the MR (`c->ack_mr` -> struct repl_conn),
+/// after aliases; null for an MR in a variable.
+static const RecordDecl *holder(const TuAnalysis &A, const Location &Region,
+                                const FunctionDecl *Fn) {
+  Location R = A.flow(Fn).resolve(Region);
+  if (R.Steps.empty() || !R.Steps.back().Field)
+    return nullptr;
+  return R.Steps.back().Field->getParent();
+}
+
+/// Program facts about an MR field are keyed by the file that defines its
+/// struct: units that share that definition belong to one program.
+static std::string fieldSubject(const TuAnalysis &A, const FieldDecl *F) {
+  const SourceManager &SM = A.sources();
+  SourceLocation At = SM.getExpansionLoc(F->getParent()->getLocation());
+  return (SM.getFilename(At) + "#" + F->getParent()->getName() + "." +
+          F->getName())
+      .str();
+}
+
+/// Code outside this file that handles \p RD. Functions declared here but
+/// defined elsewhere that take or return a pointer to it (`struct smbc_mr
+/// *smbc_get_ready_mr(struct smbc_conn *)`, `int repl_ship(struct repl_conn
+/// *c, ...)`) are named in \p Undefined: they see its fields, so its
+/// definition is shared. Returns whether a function callers elsewhere may
+/// call returns a pointer to it (`struct sdx_mr *sdx_register_mr(...)` hands
+/// the registered MR to the SMB client, which sends its key): a struct of a
+/// header is then handled by callers that may not belong to the program; a
+/// struct this file defines is an opaque handle to them
+/// (`blk_target_create()`).
+static bool handledElsewhere(const TuAnalysis &A, const RecordDecl *RD,
+                             std::vector<std::string> &Undefined) {
+  auto Names = [&](QualType T) {
+    const auto *P = T->getAs<PointerType>();
+    return P && P->getPointeeType()->getAsRecordDecl() == RD;
+  };
+  const SourceManager &SM = A.sources();
+  bool Returned = false;
+  llvm::StringSet<> Seen;
+  for (const Decl *D : A.context().getTranslationUnitDecl()->decls()) {
+    const auto *FD = dyn_cast<FunctionDecl>(D);
+    if (!FD || SM.isInSystemHeader(SM.getExpansionLoc(FD->getLocation())))
+      continue;
+    if (FD->isDefined()) {
+      if (FD->isThisDeclarationADefinition() && FD->isExternallyVisible() &&
+          Names(FD->getReturnType()))
+        Returned = true;
+      continue;
+    }
+    if ((Names(FD->getReturnType()) ||
+         llvm::any_of(FD->parameters(),
+                      [&](const ParmVarDecl *P) { return Names(P->getType()); })) &&
+        Seen.insert(FD->getName()).second)
+      Undefined.push_back(FD->getName().str());
+  }
+  return Returned;
+}
+
+/// A pointer to a struct with an MR field (`struct repl_conn *`).
+static bool namesMrHolder(const TuAnalysis &A, QualType T) {
+  const auto *P = T->getAs<PointerType>();
+  const RecordDecl *RD = P ? P->getPointeeType()->getAsRecordDecl() : nullptr;
+  if (!RD || !RD->getDefinition())
+    return false;
+  return llvm::any_of(RD->getDefinition()->fields(), [&](const FieldDecl *F) {
+    bool Window = false;
+    return isHandleType(A, F->getType(), &Window) && !Window;
+  });
+}
+
+/// Tells the program which external functions handling MR holders this
+/// unit defines: a registration elsewhere that such a function handles is
+/// judged by the program only when it defines them all.
+static void exportDefinitions(const TuAnalysis &A) {
+  const SourceManager &SM = A.sources();
+  for (const Decl *D : A.context().getTranslationUnitDecl()->decls()) {
+    const auto *FD = dyn_cast<FunctionDecl>(D);
+    if (!FD || !FD->isThisDeclarationADefinition() ||
+        !FD->isExternallyVisible() ||
+        !SM.isInMainFile(SM.getExpansionLoc(FD->getLocation())))
+      continue;
+    if (namesMrHolder(A, FD->getReturnType()) ||
+        llvm::any_of(FD->parameters(), [&](const ParmVarDecl *P) {
+          return namesMrHolder(A, P->getType());
+        }))
+      Program::of(A).exportFact(factKey(FactKind::Defines, FD->getName()));
+  }
+}
+
+enum class Reach {
+  Function, // a local: only this function names the MR
+  Unit,     // a static, or a struct only this file defines and handles
+  Program,  // a struct of a project header handled by functions of other
+            // files: the program tells whether they send the key
+  Unknown,  // the caller's MR, or a struct code elsewhere handles
+};
+
+/// How far the MR stored in \p Region can be named. A struct of a project
+/// header that functions declared here but defined elsewhere handle is
+/// judged by the program only if it defines them: \p Outside names them.
+static Reach reachOf(const TuAnalysis &A, const Location &Region,
+                     const FunctionDecl *Fn,
+                     std::vector<std::string> *Outside = nullptr) {
   Location R = A.flow(Fn).resolve(Region);
   if (isa<ParmVarDecl>(R.Root) && R.Steps.empty())
-    return false; // the caller has the MR too
+    return Reach::Unknown; // the caller has the MR too
   if (SlotKey::of(R, Fn).isLocal())
-    return true; // a local of Fn
+    return Reach::Function;
   const auto *VD = dyn_cast<VarDecl>(R.Root);
   if (VD && VD->hasGlobalStorage() && R.Steps.empty())
-    return !VD->isExternallyVisible();
-  if (R.Steps.empty() || !R.Steps.front().Field)
-    return false;
-  const RecordDecl *RD = R.Steps.front().Field->getParent();
-  return A.sources().isInMainFile(A.sources().getExpansionLoc(RD->getLocation()));
+    return VD->isExternallyVisible() ? Reach::Unknown : Reach::Unit;
+  const RecordDecl *RD = holder(A, Region, Fn);
+  if (!RD)
+    return Reach::Unknown;
+  const SourceManager &SM = A.sources();
+  SourceLocation Def = SM.getExpansionLoc(RD->getLocation());
+  if (SM.isInSystemHeader(Def))
+    return Reach::Unknown;
+  std::vector<std::string> Undefined;
+  bool Returned = handledElsewhere(A, RD, Undefined);
+  if (SM.isInMainFile(Def))
+    return Undefined.empty() ? Reach::Unit : Reach::Unknown;
+  // Returned to callers that may be anywhere; or no function names the
+  // files that handle it, and those may lie outside the files we analyse.
+  if (Returned || Undefined.empty())
+    return Reach::Unknown;
+  if (Outside)
+    *Outside = std::move(Undefined);
+  return Reach::Program;
+}
+
+namespace {
+/// Struct fields holding an MR handle, as named in one function.
+class MrFieldFinder : public RecursiveASTVisitor<MrFieldFinder> {
+public:
+  MrFieldFinder(const TuAnalysis &A, const FunctionDecl *Fn,
+                std::vector<TuAnalysis::Use> &Out)
+      : A(A), Fn(Fn), Out(Out) {}
+  bool VisitMemberExpr(MemberExpr *ME) {
+    bool Window = false;
+    if (isa<FieldDecl>(ME->getMemberDecl()) &&
+        isHandleType(A, ME->getType(), &Window) && !Window)
+      Out.push_back({ME, Fn});
+    return true;
+  }
+
+private:
+  const TuAnalysis &A;
+  const FunctionDecl *Fn;
+  std::vector<TuAnalysis::Use> &Out;
+};
+} // namespace
+
+static std::vector<TuAnalysis::Use> mrFieldUses(const TuAnalysis &A,
+                                                const FunctionDecl *Fn) {
+  std::vector<TuAnalysis::Use> Out;
+  MrFieldFinder(A, Fn, Out).TraverseStmt(Fn->getBody());
+  return Out;
+}
+
+/// Tells the program which MR fields of shared structs may hand their key
+/// to a peer from this unit: a registration in another file is judged by
+/// them.
+void RemoteAccessOverbroadCheck::exportLeavingKeys(const TuAnalysis &A) {
+  const SourceManager &SM = A.sources();
+  llvm::DenseSet<const FieldDecl *> Seen;
+  for (const FunctionDecl *Fn : A.functions())
+    for (const TuAnalysis::Use &U : mrFieldUses(A, Fn)) {
+      const auto *ME = cast<MemberExpr>(U.E);
+      const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl());
+      if (!F || !Seen.insert(F).second ||
+          SM.isInMainFile(SM.getExpansionLoc(F->getParent()->getLocation())))
+        continue;
+      std::optional<Location> L = locationOf(ME);
+      if (L && rkeyMayLeave(A, *L, Fn))
+        Program::of(A).exportFact(
+            factKey(FactKind::RkeyLeaves, fieldSubject(A, F)));
+    }
+}
+
+/// Rights a registration grants for certain on some path.
+static uint64_t grantedRemote(const TuAnalysis &A, const AccessSite &S) {
+  uint64_t Granted = 0;
+  for (const FlagAlt &Alt : S.Value.Alts)
+    if (Alt.exact())
+      Granted |= Alt.Known & remoteBits(A);
+  // On iWARP an RDMA READ's sink needs REMOTE_WRITE: the READ request
+  // carries its key to the responder, which places the data with it.
+  if ((Granted & A.flagBit(Flag::RemoteWrite)) &&
+      isReadSink(A, *S.Region, S.RegionFn, S.Fn))
+    Granted &= ~A.flagBit(Flag::RemoteWrite);
+  return Granted;
 }
 
 void RemoteAccessOverbroadCheck::checkUnusedRights(const TuAnalysis &A,
                                                    const AccessSite &S) {
-  uint64_t Remote = remoteBits(A);
-  uint64_t Granted = 0;
-  for (const FlagAlt &Alt : S.Value.Alts)
-    if (Alt.exact())
-      Granted |= Alt.Known & Remote;
-  if (!Granted || !S.Region || !isUnitPrivate(A, *S.Region, S.RegionFn) ||
-      rkeyMayLeave(A, *S.Region, S.RegionFn))
+  if (!S.Region)
     return;
-  bool Local = SlotKey::of(A.flow(S.RegionFn).resolve(*S.Region), S.RegionFn).isLocal();
-  report(A, S.Loc,
-         "'" + S.What + "' grants " + accessNames(A, S.D, Granted) +
-             " but the MR's rkey never leaves this " +
-             (Local ? "function" : "translation unit") +
-             "; no peer can use these rights, drop them");
+  uint64_t Granted = grantedRemote(A, S);
+  if (!Granted)
+    return;
+  std::vector<std::string> Outside;
+  Reach Where = reachOf(A, *S.Region, S.RegionFn, &Outside);
+  if (Where == Reach::Unknown || rkeyMayLeave(A, *S.Region, S.RegionFn))
+    return;
+  std::string Rights = "'" + S.What + "' grants " + accessNames(A, S.D, Granted);
+  if (Where != Reach::Program) {
+    report(A, S.Loc,
+           Rights + " but the MR's rkey never leaves this " +
+               (Where == Reach::Function ? "function" : "translation unit") +
+               "; no peer can use these rights, drop them");
+    return;
+  }
+  const FieldDecl *F = A.flow(S.RegionFn).resolve(*S.Region).Steps.back().Field;
+  // Functions that handle the struct elsewhere must be the program's own:
+  // then their units' facts tell whether they send the key.
+  std::vector<std::string> Require;
+  for (const std::string &Name : Outside)
+    Require.push_back(factKey(FactKind::Defines, Name));
+  reportIfProgram(A, S.Loc,
+                  Rights + " but no file of the program hands the MR's rkey "
+                           "to a peer; no peer can use these rights, drop them",
+                  std::move(Require),
+                  {factKey(FactKind::RkeyLeaves, fieldSubject(A, F))});
 }
 
 static bool isAllOnes(std::optional<int64_t> V, const Expr *E,

@@ -23,6 +23,7 @@ private:
   void checkUnusedRights(const TuAnalysis &A, const AccessSite &S);
   void checkImplicitOdp(const TuAnalysis &A, const AccessSite &S);
   void checkGlobalRkey(const TuAnalysis &A);
+  void exportLeavingKeys(const TuAnalysis &A);
 };
 
 } // namespace ulplint

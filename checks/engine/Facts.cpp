@@ -41,6 +41,8 @@ static llvm::StringRef factVerb(FactKind K) {
   case FactKind::PostsOn: return "posts-on";
   case FactKind::SignalsOn: return "signals-on";
   case FactKind::SendQueueCost: return "sq-cost";
+  case FactKind::RkeyLeaves: return "rkey-leaves";
+  case FactKind::Defines: return "defines";
   }
   return "";
 }

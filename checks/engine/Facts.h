@@ -44,6 +44,8 @@ enum class FactKind {
   PostsOn,           // some unit posts on the QP stored in the subject
   SignalsOn,         // ... and some post there asks for a completion
   SendQueueCost,     // one request posts at least N WRs on a QP ("qp>=N")
+  RkeyLeaves,        // the rkey of an MR field may reach a peer from this unit
+  Defines,           // the unit defines the external function (subject: name)
 };
 
 /// The spelling units exchange: "exposes:nvme_rdma_request.mr".

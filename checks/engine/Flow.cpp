@@ -456,6 +456,79 @@ struct ReturnValues : RecursiveASTVisitor<ReturnValues> {
 };
 } // namespace
 
+/// Statements that end a case of a switch: control does not fall through.
+static bool endsCase(const Stmt *S) {
+  while (const auto *SC = dyn_cast_or_null<SwitchCase>(S))
+    S = SC->getSubStmt();
+  return isa_and_nonnull<ReturnStmt>(S) || isa_and_nonnull<BreakStmt>(S);
+}
+
+/// Is the return \p RS of \p Callee, inside a switch on one of its
+/// parameters (`switch (role) { case BM_ROLE_SEND: return 0; ... }`), in a
+/// case the call \p CE does not select with its constant argument? Cases
+/// reached by falling through are kept.
+static bool skippedCase(const ParentMap &PM, const FunctionDecl *Callee,
+                        const Stmt *RS,
+                        llvm::function_ref<std::optional<int64_t>(unsigned)> Arg) {
+  const Stmt *Child = RS;
+  for (const Stmt *P = PM.getParent(Child); P; Child = P, P = PM.getParent(P)) {
+    const auto *SW = dyn_cast<SwitchStmt>(P);
+    if (!SW)
+      continue;
+    const auto *Ref = dyn_cast<DeclRefExpr>(SW->getCond()->IgnoreParenImpCasts());
+    const auto *Param = Ref ? dyn_cast<ParmVarDecl>(Ref->getDecl()) : nullptr;
+    const auto *Body = dyn_cast<CompoundStmt>(SW->getBody());
+    if (!Param || Param->getDeclContext() != Callee || !Body)
+      return false;
+    std::optional<int64_t> K = Arg(Param->getFunctionScopeIndex());
+    if (!K)
+      return false;
+    // The top-level statement of the body holding the return.
+    const Stmt *Top = RS;
+    while (Top && PM.getParent(Top) != Body)
+      Top = PM.getParent(Top);
+    if (!Top)
+      return false;
+    llvm::SmallVector<const Stmt *, 16> Stmts(Body->body());
+    auto It = llvm::find(Stmts, Top);
+    if (It == Stmts.end())
+      return false;
+    bool Matches = false;
+    auto CaseMatches = [&](const CaseStmt *C) {
+      if (C->getRHS())
+        return true; // a range: keep it
+      auto V = C->getLHS()->getIntegerConstantExpr(Callee->getASTContext());
+      return !V || V->getExtValue() == *K;
+    };
+    for (auto I = It;; --I) {
+      if (I != It && endsCase(*I))
+        return false; // dead code after a return: keep it
+      if (isa<SwitchCase>(*I)) {
+        for (const Stmt *L = *I; const auto *SC = dyn_cast<SwitchCase>(L);
+             L = SC->getSubStmt()) {
+          if (const auto *C = dyn_cast<CaseStmt>(SC)) {
+            Matches |= CaseMatches(C);
+            continue;
+          }
+          // default: selected when no case matches
+          bool AnyCase = false;
+          for (const SwitchCase *O = SW->getSwitchCaseList(); O;
+               O = O->getNextSwitchCase())
+            if (const auto *C = dyn_cast<CaseStmt>(O); C && CaseMatches(C))
+              AnyCase = true;
+          Matches |= !AnyCase;
+        }
+        if (I == Stmts.begin() || !endsCase(*std::prev(I)))
+          return false; // reached by falling through
+        return !Matches;
+      }
+      if (I == Stmts.begin())
+        return false;
+    }
+  }
+  return false;
+}
+
 FlagSet ValueEval::evalCall(const CallExpr *CE, unsigned Depth) const {
   FlagSet Unknown = FlagSet::unknown(CE);
   const FunctionModel *M = A.modelOf(CE);
@@ -474,9 +547,19 @@ FlagSet ValueEval::evalCall(const CallExpr *CE, unsigned Depth) const {
   if (RV.Values.empty())
     return Unknown;
   ValueEval Inner(A, A.flow(Callee), Depth + 4);
+  const ParentMap &PM = A.flow(Callee).parents();
+  auto Arg = [&](unsigned I) -> std::optional<int64_t> {
+    if (I >= CE->getNumArgs())
+      return std::nullopt;
+    return constant(CE->getArg(I));
+  };
   FlagSet Result;
   for (const Expr *V : RV.Values)
-    Result.add(Inner.eval(V, Depth + 4));
+    if (!skippedCase(PM, Callee, PM.getParent(V), Arg))
+      Result.add(Inner.eval(V, Depth + 4));
+  if (Result.empty())
+    for (const Expr *V : RV.Values)
+      Result.add(Inner.eval(V, Depth + 4));
   return Result;
 }
 

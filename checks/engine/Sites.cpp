@@ -3,6 +3,7 @@
 #include "Sites.h"
 #include "clang/AST/Expr.h"
 #include "clang/AST/ParentMap.h"
+#include "clang/AST/RecursiveASTVisitor.h"
 
 using namespace clang;
 
@@ -69,6 +70,20 @@ static void setRegion(AccessSite &S, const FieldStore *MrStore) {
   S.RegionFn = MrStore->Fn;
 }
 
+/// `ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, ...)` keeps the
+/// MR's rights: its access argument means nothing unless the flags may
+/// include IBV_REREG_MR_CHANGE_ACCESS.
+static bool changesAccess(const TuAnalysis &A, const ApiCall &C) {
+  const Expr *Flags = C.arg(ArgRole::Flags);
+  std::optional<int64_t> Bit = A.enumValue("IBV_REREG_MR_CHANGE_ACCESS");
+  if (!Flags || !Bit)
+    return true;
+  FlagSet V = A.values(C.Caller).flags(Flags);
+  return V.empty() || llvm::any_of(V.Alts, [&](const FlagAlt &Alt) {
+           return !Alt.exact() || (Alt.Known & static_cast<uint64_t>(*Bit));
+         });
+}
+
 const AccessSites &AccessSites::of(const TuAnalysis &A) {
   return A.cached<AccessSites>();
 }
@@ -100,7 +115,12 @@ AccessSites::AccessSites(const TuAnalysis &A) {
         Bits |= A.flagBit(F);
       S.Value = FlagSet::constant(Bits, C.Call);
     }
-    if (IsReg)
+    if (E == Effect::MrReregister && !changesAccess(A, C))
+      continue; // the access argument is ignored
+    if (E == Effect::MrReregister) {
+      if (const Expr *Mr = C.arg(ArgRole::Mr))
+        S.Region = locationOf(Mr);
+    } else if (IsReg)
       S.Region = A.resultOf(C.Call);
     else if (const Expr *Key = C.arg(ArgRole::Mkey))
       S.Region = locationOf(Key);
@@ -235,6 +255,24 @@ static void preferLocal(std::vector<const FieldStore *> &Stores,
     llvm::erase_if(Stores, [&](const FieldStore *S) { return S->Fn != Fn; });
 }
 
+namespace {
+struct ReturnedValueFinder : RecursiveASTVisitor<ReturnedValueFinder> {
+  std::vector<const Expr *> Values;
+  bool VisitReturnStmt(ReturnStmt *RS) {
+    if (RS->getRetValue())
+      Values.push_back(RS->getRetValue());
+    return true;
+  }
+};
+} // namespace
+
+/// The values \p Fn returns.
+static std::vector<const Expr *> returnedValues(const FunctionDecl *Fn) {
+  ReturnedValueFinder RF;
+  RF.TraverseStmt(Fn->getBody());
+  return RF.Values;
+}
+
 /// What an lkey value names: `mr->lkey` -> mr; `pd->local_dma_lkey` -> DMA.
 /// An lkey the function takes as a parameter (`imgsrv_read(s, dst, lkey,
 /// ...)`) names, at each call, what the caller passes: that call is then
@@ -252,6 +290,17 @@ static void addressSink(const TuAnalysis &A, const FunctionDecl *Fn,
       AtCall.ReadLoc = Call->getBeginLoc();
       addressSink(A, Caller, Call->getArg(Index), AtCall, Out, Depth + 1);
     }
+    return;
+  }
+  // A lookup helper of the unit (`tgt_lookup_lkey(dev, addr, len)` returns
+  // `dev->regions[i].mr->lkey`): the lkeys it returns.
+  if (const auto *CE = dyn_cast<CallExpr>(Lkey->IgnoreParenImpCasts());
+      CE && Depth < 3 && !A.modelOf(CE)) {
+    const FunctionDecl *Callee = CE->getDirectCallee();
+    Callee = Callee ? Callee->getDefinition() : nullptr;
+    if (Callee && Callee != Fn && llvm::is_contained(A.functions(), Callee))
+      for (const Expr *Ret : returnedValues(Callee))
+        addressSink(A, Callee, Ret, Proto, Out, Depth + 1);
     return;
   }
   std::optional<Location> L = locationOf(Lkey);
@@ -340,6 +389,84 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
       }
       PendingRead = nullptr;
     }
+  }
+  return Out;
+}
+
+/// The field a location ends in, after its aliases (`r->mr` -> mr).
+static const FieldDecl *lastField(const TuAnalysis &A, const Location &L,
+                                  const FunctionDecl *Fn) {
+  Location R = A.flow(Fn).resolve(L);
+  return R.Steps.empty() ? nullptr : R.Steps.back().Field;
+}
+
+/// Is \p RegFn the function of the READ \p Sink, or one it calls?
+static bool registersFor(const TuAnalysis &A, const FunctionDecl *RegFn,
+                         const ReadSink &Sink) {
+  if (RegFn == Sink.Fn || RegFn == Sink.RegionFn)
+    return true;
+  return llvm::any_of(A.callersOf(RegFn), [&](const auto &CallAndCaller) {
+    return CallAndCaller.second == Sink.Fn ||
+           CallAndCaller.second == Sink.RegionFn;
+  });
+}
+
+bool isReadSink(const TuAnalysis &A, const Location &Region,
+                const FunctionDecl *Fn, const FunctionDecl *RegFn) {
+  const FieldDecl *Field = lastField(A, Region, Fn);
+  for (const ReadSink &Sink : readSinks(A)) {
+    if (!Sink.Region)
+      continue;
+    bool Same = A.sameStorage(*Sink.Region, Sink.RegionFn, Region, Fn);
+    if (Same && Sink.RegionFn == Fn)
+      return true;
+    if (!Same && (!Field || lastField(A, *Sink.Region, Sink.RegionFn) != Field))
+      continue;
+    // The same MR field (of some object) is the sink. When the READ's own
+    // path registers that field (`fsx_pull()` calls `fsx_reg_sink()`),
+    // other registrations of the field (`fsx_reg_reply_source()`) are for
+    // other traffic.
+    if (!RegFn || registersFor(A, RegFn, Sink))
+      return true;
+    bool Bound = false;
+    for (const AccessSite &Other : AccessSites::of(A).All)
+      if (Other.Fn != RegFn && Other.Region &&
+          (Other.K == AccessSite::Registration ||
+           Other.K == AccessSite::FastReg) &&
+          lastField(A, *Other.Region, Other.RegionFn) == Field &&
+          registersFor(A, Other.Fn, Sink))
+        Bound = true;
+    if (!Bound)
+      return true;
+  }
+  return false;
+}
+
+std::vector<AccessSite> siteAtCalls(const TuAnalysis &A, const AccessSite &S) {
+  const ParmVarDecl *FlagsParam = parameterRead(S.Flags, S.Fn);
+  const ParmVarDecl *MrParam = nullptr;
+  if (S.Region && S.Region->Steps.empty() && S.RegionFn == S.Fn)
+    if (const auto *P = dyn_cast_or_null<ParmVarDecl>(S.Region->Root);
+        P && P->getDeclContext() == S.Fn)
+      MrParam = P;
+  std::vector<AccessSite> Out;
+  if (!FlagsParam && !MrParam)
+    return Out;
+  for (const auto &[Call, Caller] : A.callersOf(S.Fn)) {
+    if (Caller == S.Fn)
+      continue;
+    AccessSite At = S;
+    At.Fn = Caller;
+    At.Loc = Call->getBeginLoc();
+    if (FlagsParam && FlagsParam->getFunctionScopeIndex() < Call->getNumArgs()) {
+      At.Flags = Call->getArg(FlagsParam->getFunctionScopeIndex());
+      At.Value = A.values(Caller).flags(At.Flags);
+    }
+    if (MrParam && MrParam->getFunctionScopeIndex() < Call->getNumArgs()) {
+      At.Region = locationOf(Call->getArg(MrParam->getFunctionScopeIndex()));
+      At.RegionFn = Caller;
+    }
+    Out.push_back(std::move(At));
   }
   return Out;
 }
@@ -491,11 +618,80 @@ bool rkeyReadLeaves(const TuAnalysis &A, const FunctionDecl *Fn,
   return rkeyUse(A, Fn, Read) != KeyUse::Local;
 }
 
-/// Can the rkey of the MR stored in \p Region reach a peer, or code the
-/// analysis cannot see?
-bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
-                         const FunctionDecl *Fn) {
-  for (const TuAnalysis::Use &U : A.usesOf(Region, Fn)) {
+namespace {
+/// Every expression in one function that names the field \p F.
+class FieldUseFinder : public RecursiveASTVisitor<FieldUseFinder> {
+public:
+  FieldUseFinder(const FieldDecl *F, const FunctionDecl *Fn,
+                 std::vector<TuAnalysis::Use> &Out)
+      : F(F), Fn(Fn), Out(Out) {}
+  bool VisitMemberExpr(MemberExpr *ME) {
+    if (ME->getMemberDecl() == F)
+      Out.push_back({ME, Fn});
+    return true;
+  }
+
+private:
+  const FieldDecl *F;
+  const FunctionDecl *Fn;
+  std::vector<TuAnalysis::Use> &Out;
+};
+} // namespace
+
+/// The uses of the MR stored in \p Region: those of that very storage and,
+/// when it is a struct field, of the same field reached through any other
+/// object (`r = find_region(c, buf); key = r->mr->rkey;`): the analysis
+/// cannot always tell which object a pointer names, and a key that leaves
+/// through any of them may be this MR's.
+static std::vector<TuAnalysis::Use> mrUses(const TuAnalysis &A,
+                                           const Location &Region,
+                                           const FunctionDecl *Fn) {
+  std::vector<TuAnalysis::Use> Uses = A.usesOf(Region, Fn);
+  Location R = A.flow(Fn).resolve(Region);
+  if (R.Steps.empty() || !R.Steps.back().Field)
+    return Uses;
+  std::vector<TuAnalysis::Use> Same;
+  for (const FunctionDecl *F : A.functions())
+    FieldUseFinder(R.Steps.back().Field, F, Same).TraverseStmt(F->getBody());
+  for (const TuAnalysis::Use &U : Same)
+    if (llvm::none_of(Uses, [&](const TuAnalysis::Use &O) { return O.E == U.E; }))
+      Uses.push_back(U);
+  return Uses;
+}
+
+static bool mayLeave(const TuAnalysis &A, const Location &Region,
+                     const FunctionDecl *Fn, unsigned Depth);
+
+/// A local initialised with the handle (`struct ibv_mr *mr = r->mr;`):
+/// where its own uses take the key.
+static bool aliasMayLeave(const TuAnalysis &A, const VarDecl *VD,
+                          const FunctionDecl *Fn, unsigned Depth) {
+  Location Alias;
+  Alias.Root = VD;
+  return Depth >= 2 || mayLeave(A, Alias, Fn, Depth + 1);
+}
+
+/// `lab_reg(d, d->bounce_mr, ...)`: a helper of the unit that takes the
+/// MR as a parameter keeps its key if its own uses of the parameter do.
+static bool helperKeepsKey(const TuAnalysis &A, const CallExpr *CE,
+                           const Stmt *Arg, unsigned Depth) {
+  const FunctionDecl *Callee = CE->getDirectCallee();
+  const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
+  if (!Def || Depth >= 3 || !llvm::is_contained(A.functions(), Def))
+    return false;
+  for (unsigned I = 0; I < CE->getNumArgs() && I < Def->getNumParams(); ++I)
+    if (CE->getArg(I)->IgnoreParenImpCasts() == Arg ||
+        CE->getArg(I) == Arg) {
+      Location Param;
+      Param.Root = Def->getParamDecl(I);
+      return !mayLeave(A, Param, Def, Depth + 1);
+    }
+  return false;
+}
+
+static bool mayLeave(const TuAnalysis &A, const Location &Region,
+                     const FunctionDecl *Fn, unsigned Depth) {
+  for (const TuAnalysis::Use &U : mrUses(A, Region, Fn)) {
     const FunctionFlow &Flow = A.flow(U.Fn);
     const Stmt *Child = U.E;
     const Stmt *P = useContext(Flow.parents(), Child);
@@ -525,7 +721,9 @@ bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
     if (const auto *CE = dyn_cast<CallExpr>(P)) {
       if (A.modelOf(CE))
         continue; // verbs that only use the MR locally
-      return true;
+      if (!helperKeepsKey(A, CE, Child, Depth))
+        return true;
+      continue;
     }
     if (isa<InitListExpr>(P)) {
       // `(struct ib_reg_wr){ .mr = mr, ... }` registers it; any other
@@ -546,6 +744,8 @@ bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
           Location Alias;
           Alias.Root = VD;
           if (!(Flow.resolve(Alias) == Alias))
+            continue; // an alias the flow resolves to the region
+          if (VD->isLocalVarDecl() && !aliasMayLeave(A, VD, U.Fn, Depth))
             continue;
         }
       return true;
@@ -553,6 +753,13 @@ bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
     return true; // returned, stored elsewhere, ...
   }
   return false;
+}
+
+/// Can the rkey of the MR stored in \p Region reach a peer, or code the
+/// analysis cannot see?
+bool rkeyMayLeave(const TuAnalysis &A, const Location &Region,
+                  const FunctionDecl *Fn) {
+  return mayLeave(A, Region, Fn, 0);
 }
 
 } // namespace ulplint

@@ -45,6 +45,18 @@ struct AccessSites {
   std::vector<AccessSite> All;
 };
 
+/// A site inside a helper that takes the flags or the MR as parameters
+/// (`lab_reg(d, d->bounce_mr, &sg, IB_ACCESS_LOCAL_WRITE | ...)`), seen at
+/// each call of the unit with what that caller passes: Fn and Loc are the
+/// caller and the call. Empty when the site takes neither from parameters.
+std::vector<AccessSite> siteAtCalls(const TuAnalysis &A, const AccessSite &S);
+
+/// Does some RDMA READ of the unit land in the MR stored in \p Region, as
+/// registered in \p RegFn (any registration when null)?
+bool isReadSink(const TuAnalysis &A, const Location &Region,
+                const clang::FunctionDecl *Fn,
+                const clang::FunctionDecl *RegFn = nullptr);
+
 /// The opcodes a store into a work request's opcode field may write.
 llvm::SmallVector<Opcode, 2> opcodesOf(const TuAnalysis &A,
                                        const FieldStore &OpcodeStore);
