@@ -4,6 +4,7 @@
 // Userspace registrations and windows that are not released on some path.
 
 #include <infiniband/verbs.h>
+#include <infiniband/mlx5dv.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -279,4 +280,50 @@ int ulp_window(struct ulp_conn *c)
   c->mw = ibv_alloc_mw(c->pd, IBV_MW_TYPE_2);
   // CHECK-MESSAGES: :[[@LINE-1]]:11: warning: the memory window from 'ibv_alloc_mw' is stored in 'ulp_conn.mw' but nothing releases it, while the handles next to it are released; it leaks
   return c->mw ? 0 : -1;
+}
+
+/* mlx5dv indirect mkeys: created, NULL-checked, destroyed on error paths. */
+struct umr_ctx {
+  struct ibv_pd *pd;
+  struct mlx5dv_mkey *mkey;
+};
+
+int umr_configure(struct umr_ctx *c);
+
+int umr_setup(struct umr_ctx *c)
+{
+  struct mlx5dv_mkey_init_attr attr = {
+      .pd = c->pd,
+      .create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT,
+      .max_entries = 4,
+  };
+  struct mlx5dv_mkey *mkey = mlx5dv_create_mkey(&attr);
+
+  if (!mkey)
+    return -errno;
+  if (umr_configure(c))
+    return -EIO;
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: error path returns without releasing the memory region from 'mlx5dv_create_mkey'; it leaks [rdma-mr-leak]
+  c->mkey = mkey;
+  return 0;
+}
+
+/* Near miss: the error path destroys the mkey. */
+int ok_umr_setup(struct umr_ctx *c)
+{
+  struct mlx5dv_mkey_init_attr attr = {
+      .pd = c->pd,
+      .create_flags = MLX5DV_MKEY_INIT_ATTR_FLAGS_INDIRECT,
+      .max_entries = 4,
+  };
+  struct mlx5dv_mkey *mkey = mlx5dv_create_mkey(&attr);
+
+  if (!mkey)
+    return -errno;
+  if (umr_configure(c)) {
+    mlx5dv_destroy_mkey(mkey);
+    return -EIO;
+  }
+  c->mkey = mkey;
+  return 0;
 }

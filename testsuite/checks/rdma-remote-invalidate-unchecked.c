@@ -33,3 +33,45 @@ void ok_response(struct ulp_req *req, struct ibv_wc *wc)
   }
   ulp_local_inv(req);
 }
+
+/* The flag copied into a bool first, as many completion handlers do. */
+void ulp_response_flag(struct ulp_req *req, struct ibv_wc *wc)
+{
+  int inv = (wc->wc_flags & IBV_WC_WITH_INV) != 0;
+
+  if (inv) {
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: completion with IBV_WC_WITH_INV is accepted without comparing the invalidated rkey (wc->invalidated_rkey) with the request's
+    ibv_dereg_mr(req->mr);
+    req->mr = NULL;
+    return;
+  }
+  ulp_local_inv(req);
+}
+
+/* Near miss: the copied flag, and the key compared before the release. */
+void ok_response_flag(struct ulp_req *req, struct ibv_wc *wc)
+{
+  int inv = (wc->wc_flags & IBV_WC_WITH_INV) != 0;
+
+  if (inv && wc->invalidated_rkey == req->mr->rkey) {
+    ibv_dereg_mr(req->mr);
+    req->mr = NULL;
+    return;
+  }
+  ulp_local_inv(req);
+}
+
+void ulp_log_key(unsigned int key);
+
+/* Passing the key to a logger is not a check. */
+void ulp_response_logged(struct ulp_req *req, struct ibv_wc *wc)
+{
+  if (wc->wc_flags & IBV_WC_WITH_INV) {
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: completion with IBV_WC_WITH_INV is accepted without comparing the invalidated rkey (wc->invalidated_rkey) with the request's
+    ulp_log_key(wc->invalidated_rkey);
+    ibv_dereg_mr(req->mr);
+    req->mr = NULL;
+    return;
+  }
+  ulp_local_inv(req);
+}
