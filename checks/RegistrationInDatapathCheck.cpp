@@ -36,13 +36,6 @@ public:
 };
 } // namespace
 
-static const Stmt *enclosingLoop(const ParentMap &PM, const Stmt *S) {
-  for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
-    if (isa<ForStmt>(P) || isa<WhileStmt>(P) || isa<DoStmt>(P))
-      return P;
-  return nullptr;
-}
-
 /// A registration cache: the function first searches for a registration it
 /// can reuse (`for (...) if (e->buf == buf) return e->mr;`) and registers,
 /// or evicts, only on a miss. Its registrations are not per I/O.
@@ -78,9 +71,7 @@ static bool registersOutsideItsLoop(const TuAnalysis &A, const ApiCall &C,
   for (const ApiCall &D : A.calls()) {
     if (D.Caller != C.Caller)
       continue;
-    Effect E = D.Model->E;
-    if (E != Effect::PostSend && E != Effect::PostCm && E != Effect::WrxComplete &&
-        E != Effect::RwPost && E != Effect::CqPoll)
+    if (!isDatapathCall(D))
       continue;
     if (!enclosingLoop(PM, D.Call))
       return false;

@@ -63,6 +63,13 @@ const Expr *stripExpr(const Expr *E) {
   return E;
 }
 
+const Stmt *enclosingLoop(const ParentMap &PM, const Stmt *S) {
+  for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
+    if (isa<ForStmt>(P) || isa<WhileStmt>(P) || isa<DoStmt>(P))
+      return P;
+  return nullptr;
+}
+
 std::optional<Location> locationOf(const Expr *E) {
   E = stripExpr(E);
   if (!E)

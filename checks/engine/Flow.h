@@ -64,6 +64,8 @@ std::optional<Location> locationOf(const clang::Expr *E);
 
 /// Strip parens, implicit and explicit casts.
 const clang::Expr *stripExpr(const clang::Expr *E);
+/// The innermost for, while or do loop around \p S (null outside loops).
+const clang::Stmt *enclosingLoop(const clang::ParentMap &PM, const clang::Stmt *S);
 
 /// The initializer of the member named by \p Steps inside the braced
 /// initializer \p Init (semantic form), or null when it cannot tell.

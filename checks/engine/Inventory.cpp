@@ -315,6 +315,8 @@ static std::optional<std::string> datapathCall(const ApiCall &C) {
   }
 }
 
+bool isDatapathCall(const ApiCall &C) { return datapathCall(C).has_value(); }
+
 void Inventory::findDatapath() {
   for (const FunctionDecl *Fn : A.functions())
     if (handlesCompletions(A, Fn))

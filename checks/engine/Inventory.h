@@ -57,6 +57,10 @@ struct RegistrationSite {
 };
 
 /// Why a function runs once per I/O.
+/// Does \p C post send work requests or reap completions (what puts its
+/// caller on the data path)?
+bool isDatapathCall(const ApiCall &C);
+
 struct DatapathReason {
   const clang::FunctionDecl *Seed = nullptr; // the submit or completion function
   clang::SourceLocation At;                  // its post or poll, or its decl

@@ -821,11 +821,7 @@ private:
 
   /// The innermost loop around \p S in \p Fn.
   const Stmt *enclosingLoop(const FunctionDecl *Fn, const Stmt *S) {
-    const ParentMap &PM = A.flow(Fn).parents();
-    for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
-      if (isa<ForStmt>(P) || isa<WhileStmt>(P) || isa<DoStmt>(P))
-        return P;
-    return nullptr;
+    return ulplint::enclosingLoop(A.flow(Fn).parents(), S);
   }
 
   /// Does an unwinding loop's first round use the index the path stopped
