@@ -62,9 +62,7 @@ void InvalidationLeakCheck::reportAcrossUnits(
         !E.Slot.isShared() || !L.releasesHeld(&E))
       continue;
     // A setup that recycles what it just produced gave no key out yet.
-    bool ProducedHere = llvm::any_of(L.events(), [&](const LifeEvent &P) {
-      return P.K == LifeEventKind::Produce && P.Slot == E.Slot && P.Fn == E.Fn;
-    });
+    bool ProducedHere = L.has(E.Slot, LifeEventKind::Produce, E.Fn);
     // A place the paths already judged keeps that finding, unconditionally.
     if (ProducedHere || Reported.count(&E) || !Done.insert(E.Slot).second)
       continue;

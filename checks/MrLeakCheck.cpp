@@ -62,10 +62,7 @@ void MrLeakCheck::reportNeverReleased(const TuAnalysis &A, const Lifecycle &L) {
     if ((E.K != LifeEventKind::Deregister && E.K != LifeEventKind::Release) ||
         !E.Slot.isShared())
       continue;
-    bool ProducedThere = llvm::any_of(L.events(), [&](const LifeEvent &P) {
-      return P.K == LifeEventKind::Produce && P.Slot == E.Slot && P.Fn == E.Fn;
-    });
-    if (!ProducedThere) {
+    if (!L.has(E.Slot, LifeEventKind::Produce, E.Fn)) {
       TornDown.insert(ownerOf(E.Slot));
       Program::of(A).exportFact(factKey(FactKind::TearsDown, ownerOf(E.Slot)));
     }

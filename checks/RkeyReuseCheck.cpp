@@ -138,9 +138,14 @@ void RkeyReuseCheck::run(const TuAnalysis &A) {
     // registration its new key.
     std::vector<const LifeEvent *> Here;
     bool Elsewhere = false;
-    for (const LifeEvent &E : L.events())
-      if (E.K == LifeEventKind::Rotate && E.Slot == Slot)
-        (E.Fn == S.Fn && E.S ? Here.push_back(&E) : void(Elsewhere = true));
+    for (const LifeEvent &E : L.events()) {
+      if (E.K != LifeEventKind::Rotate || E.Slot != Slot)
+        continue;
+      if (E.Fn == S.Fn && E.S)
+        Here.push_back(&E);
+      else
+        Elsewhere = true;
+    }
     std::optional<std::string> Gap;
     if (!Here.empty()) {
       for (const LifeEvent *R : Here) {

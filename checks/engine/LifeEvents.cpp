@@ -700,9 +700,7 @@ private:
     for (const SlotKey &Slot : handleSlotsWithin(Fn, *Item)) {
       // An item whose handle this function just produced is being handed
       // on (a pending list, a pool being filled), not recycled.
-      if (llvm::any_of(L.Events, [&](const LifeEvent &P) {
-            return P.K == LifeEventKind::Produce && P.Fn == Fn && P.Slot == Slot;
-          }))
+      if (L.has(Slot, LifeEventKind::Produce, Fn))
         continue;
       LifeEvent E = event(LifeEventKind::ContainerRelease, Slot, Fn, BO,
                           BO->getBeginLoc(), "free list");

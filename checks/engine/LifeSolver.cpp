@@ -347,9 +347,7 @@ private:
       if (sharedTouched(Fn).count(Slot))
         Touching.push_back(Fn);
     // A handle no function here produces comes from another unit.
-    bool ProducedHere = llvm::any_of(LC.Events, [&](const LifeEvent &E) {
-      return E.K == LifeEventKind::Produce && E.Slot == Slot;
-    });
+    bool ProducedHere = LC.has(Slot, LifeEventKind::Produce);
     std::vector<PathState> Resting = {
         entryState({ProducedHere ? Life::None : Life::Unknown, true, false})};
     // A key the unit invalidates is out between I/Os, wherever it was
@@ -1605,8 +1603,13 @@ const Lifecycle &Lifecycle::of(const TuAnalysis &A) {
   return A.cached<Lifecycle>();
 }
 
-bool Lifecycle::has(const SlotKey &Slot, LifeEventKind K) const {
-  return first(Slot, K) != nullptr;
+bool Lifecycle::has(const SlotKey &Slot, LifeEventKind K,
+                    const FunctionDecl *Fn) const {
+  if (!Fn)
+    return first(Slot, K) != nullptr;
+  return llvm::any_of(Events, [&](const LifeEvent &E) {
+    return E.K == K && E.Slot == Slot && E.Fn == Fn;
+  });
 }
 
 const LifeEvent *Lifecycle::first(const SlotKey &Slot, LifeEventKind K) const {

@@ -118,8 +118,10 @@ public:
 
   llvm::ArrayRef<LifeEvent> events() const { return Events; }
   llvm::ArrayRef<LifeIncident> incidents() const { return Incidents; }
-  /// Does some event of \p K happen to \p Slot anywhere in this unit?
-  bool has(const SlotKey &Slot, LifeEventKind K) const;
+  /// Does some event of \p K happen to \p Slot in this unit (in \p Fn,
+  /// when given)?
+  bool has(const SlotKey &Slot, LifeEventKind K,
+           const clang::FunctionDecl *Fn = nullptr) const;
   /// The first event of \p K for \p Slot, if any.
   const LifeEvent *first(const SlotKey &Slot, LifeEventKind K) const;
   /// Did some path reach \p Release while the handle was held (not NULL,
