@@ -9,6 +9,8 @@ namespace ulplint {
 
 class WorkRequests;
 struct WrSlot;
+struct CounterWrite;
+struct CounterRead;
 
 /// Send queues whose entries are never reclaimed: nothing is ever signaled,
 /// or signaling waits on a counter nobody advances.
@@ -23,6 +25,13 @@ protected:
 private:
   void checkNeverSignaled(const TuAnalysis &A, const WorkRequests &W);
   void checkStuckCounters(const TuAnalysis &A, const WorkRequests &W);
+  void judgeCondition(const TuAnalysis &A, const clang::FunctionDecl *Fn,
+                      const clang::Expr *Cond,
+                      llvm::ArrayRef<CounterWrite> Writes);
+  void reportStuck(const TuAnalysis &A, const clang::FunctionDecl *Fn,
+                   const CounterRead &R, const clang::VarDecl *Restarting);
+  void exportMoves(const TuAnalysis &A, llvm::ArrayRef<CounterWrite> Writes);
+  static std::string movesFact(llvm::StringRef Slot, unsigned Moves);
 };
 
 } // namespace ulplint

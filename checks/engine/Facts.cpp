@@ -43,6 +43,7 @@ static llvm::StringRef factVerb(FactKind K) {
   case FactKind::SendQueueCost: return "sq-cost";
   case FactKind::RkeyLeaves: return "rkey-leaves";
   case FactKind::Defines: return "defines";
+  case FactKind::Moves: return "moves";
   }
   return "";
 }

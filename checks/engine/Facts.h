@@ -46,6 +46,7 @@ enum class FactKind {
   SendQueueCost,     // one request posts at least N WRs on a QP ("qp>=N")
   RkeyLeaves,        // the rkey of an MR field may reach a peer from this unit
   Defines,           // the unit defines the external function (subject: name)
+  Moves,             // the unit moves an integer slot ("slot:up", "slot:down")
 };
 
 /// The spelling units exchange: "exposes:nvme_rdma_request.mr".

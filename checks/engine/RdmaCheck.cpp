@@ -38,9 +38,10 @@ void RdmaCheck::registerMatchers(MatchFinder *Finder) {
   Finder->addMatcher(translationUnitDecl().bind("tu"), this);
 }
 
-/// In a host of one unit with a ulplint run's facts: every fact of the
-/// program (the other units' and this unit's own), else null. Computed by
-/// the first check of the unit, before anything is cached.
+/// In a host of one unit (the clang-tidy plugin): every fact of the program
+/// a ulplint run recorded for the other units, and this unit's own; null
+/// under ulplint, which settles conditions itself. Computed by the first
+/// check of the unit, before anything is cached.
 static const std::set<std::string> *programKnown(const TuAnalysis &A,
                                                  StringRef BuildDir,
                                                  StringRef CacheDir) {
@@ -53,18 +54,19 @@ static const std::set<std::string> *programKnown(const TuAnalysis &A,
     Known.reset();
     const SourceManager &SM = A.sources();
     OptionalFileEntryRef Main = SM.getFileEntryRefForID(SM.getMainFileID());
+    UnitFacts Own;
+    {
+      FactScope Scope(&Own);
+      Program::of(A);
+      Lifecycle::of(A);
+      WorkRequests::of(A);
+    }
+    // Without a ulplint run's facts of the other units, this unit is the
+    // whole program as far as the host can tell.
+    Known.emplace(Own.Facts.begin(), Own.Facts.end());
     if (ProgramFactsProvider P = programFactsProvider(); P && Main)
-      if (auto Others = P(Main->getName(), BuildDir, CacheDir)) {
-        UnitFacts Own;
-        {
-          FactScope Scope(&Own);
-          Program::of(A);
-          Lifecycle::of(A);
-          WorkRequests::of(A);
-        }
-        Known.emplace(Others->begin(), Others->end());
-        Known->insert(Own.Facts.begin(), Own.Facts.end());
-      }
+      if (auto Others = P(Main->getName(), BuildDir, CacheDir))
+        Known->insert(Others->begin(), Others->end());
   }
   return Known ? &*Known : nullptr;
 }

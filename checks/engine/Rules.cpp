@@ -229,6 +229,10 @@ static constexpr std::pair<Effect, llvm::StringLiteral> EffectNames[] = {
     {Effect::MemoryZero, "memory.zero"},
     {Effect::ErrorPointerTest, "ptr.error_test"},
     {Effect::ErrorPointerValue, "ptr.error_value"},
+    {Effect::CounterRead, "counter.read"},
+    {Effect::CounterSet, "counter.set"},
+    {Effect::CounterAdd, "counter.add"},
+    {Effect::CounterSub, "counter.sub"},
 };
 
 static constexpr std::pair<Opcode, llvm::StringLiteral> OpcodeNames[] = {

@@ -139,6 +139,10 @@ enum class Effect {
   MemoryZero,       // memset(&x, 0, ...)
   ErrorPointerTest, // IS_ERR(p): true on the failure branch
   ErrorPointerValue, // PTR_ERR(p): reads the error code, keeps nothing
+  CounterRead,      // atomic_read(&c): reads an integer, changes nothing
+  CounterSet,       // atomic_set(&c, v)
+  CounterAdd,       // atomic_inc(&c), atomic_add(n, &c): moves it up
+  CounterSub,       // atomic_dec(&c), atomic_sub(n, &c): moves it down
 };
 
 /// What a work request does, independent of the API's spelling.

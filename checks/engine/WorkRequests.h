@@ -181,11 +181,12 @@ public:
   static std::string costFact(llvm::StringRef Qp, unsigned N);
   static std::string signalsFact(llvm::StringRef Qp);
   static std::string postsFact(llvm::StringRef Qp);
+  /// The QP of this unit a post is on, or null when it cannot tell.
+  const QpCreation *creationFor(const PostSite &P) const;
 
 private:
   void exportFacts() const;
   void collectCreations();
-  const QpCreation *creationFor(const PostSite &P) const;
   const clang::CallExpr *drainOf(const QpCreation &Q, bool Send) const;
 
   const TuAnalysis &A;

@@ -29,7 +29,7 @@ static int demo_create(struct demo_queue *q, struct ib_pd *pd)
 	attr.cap.max_send_wr = q->depth + 1;
 	attr.cap.max_rdma_ctxs = q->depth;
 	attr.sq_sig_type = IB_SIGNAL_REQ_WR;
-	// CHECK-MESSAGES-NEVER: :[[@LINE-1]]:2: warning: only work requests that ask for it are signaled on this QP, but no post in this file sets IB_SEND_SIGNALED
+	// CHECK-MESSAGES-NEVER: :[[@LINE-1]]:2: warning: only work requests that ask for it are signaled on this QP, but no post on it sets IB_SEND_SIGNALED
 	attr.port_num = q->port_num;
 	return rdma_create_qp(q->cm_id, pd, &attr);
 }

@@ -30,7 +30,7 @@ int demo_conn_create(struct demo_conn *c)
       .qp_type = IBV_QPT_RC,
       .cap = {.max_send_wr = 64, .max_recv_wr = 64, .max_send_sge = 1, .max_recv_sge = 1},
       .sq_sig_all = 0,
-      // CHECK-MESSAGES-NEVER: :[[@LINE-1]]:21: warning: only work requests that ask for it are signaled on this QP, but no post in this file sets IBV_SEND_SIGNALED; completed send-queue entries are never reclaimed and posts fail once the queue fills [rdma-unsignaled-send-starvation]
+      // CHECK-MESSAGES-NEVER: :[[@LINE-1]]:21: warning: only work requests that ask for it are signaled on this QP, but no post on it sets IBV_SEND_SIGNALED; completed send-queue entries are never reclaimed and posts fail once the queue fills [rdma-unsignaled-send-starvation]
       // CHECK-MESSAGES-NEVER: :[[@LINE+30]]:10: note: posted unsignaled here
   };
 
@@ -51,7 +51,7 @@ int demo_send(struct demo_conn *c, void *buf, uint32_t len)
   wr.send_flags = IBV_SEND_INLINE;
 #elif defined(DEMO_STUCK)
   if (c->unsignaled >= DEMO_SIGNAL_EVERY) {
-    // CHECK-MESSAGES-STUCK: :[[@LINE-1]]:7: warning: signaling depends on 'c->unsignaled', which nothing in this file advances; the signaled branch never runs and the send queue is never reclaimed [rdma-unsignaled-send-starvation]
+    // CHECK-MESSAGES-STUCK: :[[@LINE-1]]:7: warning: signaling depends on 'c->unsignaled', which nothing in the program goes up; the signaled branch never runs and the send queue is never reclaimed [rdma-unsignaled-send-starvation]
     wr.send_flags = IBV_SEND_SIGNALED;
     c->unsignaled = 0;
   }
