@@ -244,10 +244,11 @@ void TuAnalysis::addInitStores(const FunctionDecl *FD, const Stmt *At,
                                const Location &Object, QualType T,
                                const Expr *Init) {
   const Expr *Stripped = stripExpr(Init);
-  if (const auto *CE = dyn_cast_or_null<CallExpr>(Stripped)) {
-    Results[CE] = Object;
-    CallerOf[CE] = FD;
-  }
+  // `d = kzalloc(..)` is recorded before the `_res` inside the kernel's
+  // alloc_hooks() statement expression: the outer target wins.
+  if (const auto *CE = dyn_cast_or_null<CallExpr>(Stripped))
+    if (Results.try_emplace(CE, Object).second)
+      CallerOf[CE] = FD;
   if (const auto *CLE = dyn_cast_or_null<CompoundLiteralExpr>(Stripped))
     Stripped = CLE->getInitializer();
   const auto *ILE = dyn_cast_or_null<InitListExpr>(Stripped);

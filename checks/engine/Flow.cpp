@@ -51,11 +51,37 @@ std::string Location::str() const {
   return S + Fields;
 }
 
+/// `({ T _res = f(x); ...; _res; })`, the shape of the kernel's
+/// alloc_hooks() around every allocator since 6.10: its value is f(x).
+static const Expr *statementExprValue(const StmtExpr *SE) {
+  const CompoundStmt *CS = SE->getSubStmt();
+  if (!CS || CS->body_empty())
+    return nullptr;
+  const auto *Last = dyn_cast<Expr>(CS->body_back());
+  if (!Last)
+    return nullptr;
+  Last = Last->IgnoreParenCasts();
+  if (isa<StmtExpr>(Last))
+    return Last;
+  const auto *DRE = dyn_cast<DeclRefExpr>(Last);
+  const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+  if (!VD || !VD->getInit())
+    return nullptr;
+  for (const Stmt *S : CS->body())
+    if (const auto *DS = dyn_cast<DeclStmt>(S))
+      if (DS->isSingleDecl() && DS->getSingleDecl() == VD)
+        return VD->getInit();
+  return nullptr;
+}
+
 const Expr *stripExpr(const Expr *E) {
   while (E) {
     const Expr *Next = E->IgnoreParenCasts();
     if (const auto *EWC = dyn_cast<ExprWithCleanups>(Next))
       Next = EWC->getSubExpr();
+    if (const auto *SE = dyn_cast<StmtExpr>(Next))
+      if (const Expr *Value = statementExprValue(SE))
+        Next = Value;
     if (Next == E)
       break;
     E = Next;
