@@ -10,6 +10,7 @@
 #include "WorkRequests.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/ParentMap.h"
+#include "clang/AST/RecursiveASTVisitor.h"
 
 using namespace clang;
 
@@ -875,10 +876,40 @@ public:
           Access.push_back(&Acc);
       if (!grantsRemote(Access))
         continue;
-      if (auto Slot = handleSlot(Mr.Fn, Mr.Value))
-        add(event(LifeEventKind::Expose, *Slot, Mr.Fn, Mr.At, Mr.At->getBeginLoc(),
-                  A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr)));
+      if (auto Slot = handleSlot(Mr.Fn, Mr.Value)) {
+        LifeEvent E = event(LifeEventKind::Expose, *Slot, Mr.Fn, Mr.At,
+                            Mr.At->getBeginLoc(),
+                            A.rules().opcodeEnumerator(A.domain(), Opcode::RegMr));
+        // Handed to code of another unit that posts it: when that call
+        // fails, nothing was registered.
+        E.Post = handOff(Mr);
+        add(E);
+      }
     }
+  }
+
+  /// The first call after \p Mr's store that is given the work request
+  /// (`ext_post_write_imm(qp, &rwr.wr)`), or null.
+  const CallExpr *handOff(const FieldStore &Mr) {
+    struct Finder : RecursiveASTVisitor<Finder> {
+      const TuAnalysis &A;
+      const FieldStore &Mr;
+      const CallExpr *Found = nullptr;
+      Finder(const TuAnalysis &A, const FieldStore &Mr) : A(A), Mr(Mr) {}
+      bool VisitCallExpr(CallExpr *CE) {
+        if (Found || A.modelOf(CE) ||
+            !A.sources().isBeforeInTranslationUnit(Mr.At->getEndLoc(), CE->getBeginLoc()))
+          return true;
+        for (const Expr *Arg : CE->arguments())
+          if (auto L = locationOf(Arg))
+            if (A.withinStorage(*L, Mr.Fn, Mr.Object, Mr.Fn) ||
+                A.withinStorage(Mr.Object, Mr.Fn, *L, Mr.Fn))
+              Found = CE;
+        return true;
+      }
+    } F(A, Mr);
+    F.TraverseStmt(Mr.Fn->getBody());
+    return F.Found;
   }
 
 private:

@@ -101,11 +101,15 @@ struct PathState {
   /// The completion this function handles failed on this path
   /// (`wc->status != IB_WC_SUCCESS`).
   bool WcFailed = false;
+  /// Tag failed because a post inside it failed (`return ib_post_send()`
+  /// in a helper): nothing it would have sent went out.
+  bool PostFailed = false;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
-                    Bound, Staged, Reported, ProducingLoop, WcFailed);
+                    Bound, Staged, Reported, ProducingLoop, WcFailed,
+                    PostFailed);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -724,6 +728,7 @@ private:
       return;
     S.Tag = Post;
     S.Outcome = 0;
+    S.PostFailed = false;
     S.Undo = S.L;
     S.UndoExposed = S.Exposed;
   }
@@ -933,6 +938,7 @@ private:
         N.Outcome = S.Outcome;
         N.Undo = S.Undo;
         N.UndoExposed = S.UndoExposed;
+        N.PostFailed = S.PostFailed;
       }
       Out.push_back(N);
     }
@@ -1323,19 +1329,25 @@ private:
   }
 
   void exit(Walk &W, const ReturnStmt *RS, const PathState &S) {
+    // `return ib_post_send(...)`: the helper's caller tells the outcomes
+    // apart; on the failed one the post changed nothing.
+    if (W.M == Mode::Summary && S.Tag && S.Outcome == 0 && RS &&
+        RS->getRetValue() && !waitsWithTimeout(S.Tag))
+      if (std::optional<bool> Failed = failedCall(W, RS->getRetValue(), S.Tag);
+          Failed && *Failed) {
+        PathState NotPosted = S, Posted = S;
+        NotPosted.L = S.Undo;
+        NotPosted.Exposed = S.UndoExposed;
+        NotPosted.Outcome = 1;
+        NotPosted.PostFailed = true;
+        Posted.Outcome = -1;
+        summaryExit(W, RS, NotPosted, /*Error=*/true);
+        summaryExit(W, RS, Posted, /*Error=*/false);
+        return;
+      }
     bool Error = errorReturn(W, RS, S);
     if (W.M == Mode::Summary) {
-      Exit X{S, Error};
-      X.S.ErrorBranch = nullptr;
-      // A handle this helper produced and still holds on an error return:
-      // its caller may release it; if not, the helper leaked it.
-      if (Error && W.Slot.isShared() && holds(S.L) && ownFresh(S) &&
-          !S.Pending && unwinds(W, RS, S))
-        X.S.Pending = latent(leak(W, RS, S));
-      if (!llvm::any_of(W.R.Exits, [&](const Exit &O) {
-            return O.Error == X.Error && O.S == X.S;
-          }))
-        W.R.Exits.push_back(X);
+      summaryExit(W, RS, S, Error);
       return;
     }
     if (!holds(S.L) || W.Param)
@@ -1349,6 +1361,22 @@ private:
     // abandons it.
     if (Error && (S.Pending || (ownFresh(S) && unwinds(W, RS, S))))
       addIncident(W, S.Pending ? *S.Pending : leak(W, RS, S));
+  }
+
+  /// One way out of a helper, as its callers will see it.
+  void summaryExit(Walk &W, const ReturnStmt *RS, const PathState &S,
+                   bool Error) {
+    Exit X{S, Error};
+    X.S.ErrorBranch = nullptr;
+    // A handle this helper produced and still holds on an error return:
+    // its caller may release it; if not, the helper leaked it.
+    if (Error && W.Slot.isShared() && holds(S.L) && ownFresh(S) &&
+        !S.Pending && unwinds(W, RS, S))
+      X.S.Pending = latent(leak(W, RS, S));
+    if (!llvm::any_of(W.R.Exits, [&](const Exit &O) {
+          return O.Error == X.Error && O.S == X.S;
+        }))
+      W.R.Exits.push_back(X);
   }
 
   /// Whose job is it to release a handle stored in a struct when the
@@ -1448,6 +1476,8 @@ private:
   /// Is this error return the failure of a post: the post's result
   /// returned, or the early exit taken because it failed?
   bool postFailed(Walk &W, const ReturnStmt *RS, const PathState &S) {
+    if (S.PostFailed && S.Outcome == 1)
+      return true;
     for (const PostSite &P : WorkRequests::of(A).posts()) {
       if (P.Fn != W.Fn)
         continue;
