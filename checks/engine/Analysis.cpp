@@ -305,12 +305,20 @@ const FunctionModel *TuAnalysis::modelOf(const CallExpr *CE) const {
 
 std::vector<std::pair<const CallExpr *, const FunctionDecl *>>
 TuAnalysis::callersOf(const FunctionDecl *Callee) const {
-  std::vector<std::pair<const CallExpr *, const FunctionDecl *>> Found;
-  const FunctionDecl *Canonical = Callee->getCanonicalDecl();
-  for (const auto &[CE, Caller] : DirectCalls)
-    if (CE->getDirectCallee()->getCanonicalDecl() == Canonical)
-      Found.push_back({CE, Caller});
-  return Found;
+  // Indexed by callee once: a scan of every call per query made the value
+  // evaluator (which asks for a parameter's callers at each step) quadratic.
+  if (CallersIndexed != DirectCalls.size()) {
+    for (size_t I = CallersIndexed; I < DirectCalls.size(); ++I) {
+      const auto &[CE, Caller] = DirectCalls[I];
+      CallersByCallee[CE->getDirectCallee()->getCanonicalDecl()].push_back(
+          {CE, Caller});
+    }
+    CallersIndexed = DirectCalls.size();
+  }
+  auto It = CallersByCallee.find(Callee->getCanonicalDecl());
+  if (It == CallersByCallee.end())
+    return {};
+  return It->second;
 }
 
 std::vector<const CallExpr *>

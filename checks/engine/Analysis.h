@@ -176,6 +176,12 @@ private:
   llvm::DenseMap<const clang::CallExpr *, Location> Results;
   std::vector<std::pair<const clang::CallExpr *, const clang::FunctionDecl *>>
       DirectCalls;
+  /// DirectCalls by canonical callee (callersOf), built on first use.
+  mutable llvm::DenseMap<
+      const clang::FunctionDecl *,
+      std::vector<std::pair<const clang::CallExpr *, const clang::FunctionDecl *>>>
+      CallersByCallee;
+  mutable size_t CallersIndexed = 0;
   mutable llvm::DenseMap<const void *, std::shared_ptr<void>> Derived;
   llvm::StringMap<const FunctionModel *> Wrappers;
   mutable bool EnumsIndexed = false;

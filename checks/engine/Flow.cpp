@@ -152,6 +152,27 @@ FunctionFlow::FunctionFlow(const FunctionDecl *FD, ASTContext &Ctx)
   collectDefs();
 }
 
+/// A memo key: the statement, the location's root and fields, and (for
+/// values) the evaluation depth the result was computed at.
+using MemoKey = llvm::SmallVector<const void *, 8>;
+static MemoKey memoKey(const Stmt *At, const Location &L, unsigned Depth) {
+  MemoKey K{At, L.Root, reinterpret_cast<const void *>(uintptr_t(Depth))};
+  for (const Location::Step &S : L.Steps)
+    K.push_back(S.Field);
+  return K;
+}
+
+struct FunctionFlow::Memo {
+  std::map<MemoKey, llvm::SmallVector<const Def *, 4>> Reaching;
+  std::map<MemoKey, FlagSet> Values;
+};
+
+FunctionFlow::Memo &FunctionFlow::memo() const {
+  if (!Memos)
+    Memos = std::make_unique<Memo>();
+  return *Memos;
+}
+
 FunctionFlow::~FunctionFlow() = default;
 
 void FunctionFlow::addDef(Def D) {
@@ -286,6 +307,17 @@ FunctionFlow::position(const Stmt *S) const {
 
 llvm::SmallVector<const Def *, 4>
 FunctionFlow::reaching(const Location &L, const Stmt *At) const {
+  MemoKey Key = memoKey(At, L, 0);
+  auto &Cache = memo().Reaching;
+  if (auto It = Cache.find(Key); It != Cache.end())
+    return It->second;
+  llvm::SmallVector<const Def *, 4> Result = solveReaching(L, At);
+  Cache.emplace(std::move(Key), Result);
+  return Result;
+}
+
+llvm::SmallVector<const Def *, 4>
+FunctionFlow::solveReaching(const Location &L, const Stmt *At) const {
   llvm::SmallVector<const Def *, 4> Result;
   auto [Block, Index] = position(At);
   // Definitions that write all of L: of L itself or of storage containing it.
@@ -723,6 +755,19 @@ FlagSet ValueEval::evalLocation(const Stmt *Use, const Location &L,
                                 unsigned Depth) const {
   if (Depth > 16)
     return FlagSet::unknown(Use);
+  // Without the memo, `x |= ...` reached by n definitions of x (a loop
+  // reaching itself, branches) re-evaluates n^16 paths.
+  MemoKey Key = memoKey(Use, L, Depth);
+  auto &Cache = Flow.memo().Values;
+  if (auto It = Cache.find(Key); It != Cache.end())
+    return It->second;
+  FlagSet Result = evalLocationUncached(Use, L, Depth);
+  Cache.emplace(std::move(Key), Result);
+  return Result;
+}
+
+FlagSet ValueEval::evalLocationUncached(const Stmt *Use, const Location &L,
+                                        unsigned Depth) const {
   FlagSet Result;
   for (const Def *D : Flow.reaching(L, Use)) {
     if (!D)

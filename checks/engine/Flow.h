@@ -108,10 +108,19 @@ public:
   /// Every definition is reachable from \p From without passing \p Through?
   bool reachableFrom(const clang::Stmt *From, const clang::Stmt *To) const;
 
+  /// Memos of this function's queries (Flow.cpp): reaching() by (statement,
+  /// location) and ValueEval's values of a location at a statement by
+  /// (statement, location, depth). Both are pure functions of their key, so
+  /// every ValueEval made for the function shares them.
+  struct Memo;
+  Memo &memo() const;
+
 private:
   void collectDefs();
   void addDef(Def D);
   void solve();
+  llvm::SmallVector<const Def *, 4> solveReaching(const Location &L,
+                                                  const clang::Stmt *At) const;
   std::pair<const clang::CFGBlock *, unsigned> position(const clang::Stmt *S) const;
 
   const clang::FunctionDecl *FD;
@@ -123,6 +132,7 @@ private:
   llvm::DenseMap<const clang::Stmt *, std::pair<const clang::CFGBlock *, unsigned>>
       Positions;
   std::vector<llvm::BitVector> In; // per block ID
+  mutable std::unique_ptr<Memo> Memos;
   llvm::DenseMap<const clang::ValueDecl *, const Def *> SingleDef;
 };
 
@@ -173,6 +183,8 @@ private:
   FlagSet evalDef(const Def &D, unsigned Depth) const;
   FlagSet evalLocation(const clang::Stmt *Use, const Location &L,
                        unsigned Depth) const;
+  FlagSet evalLocationUncached(const clang::Stmt *Use, const Location &L,
+                               unsigned Depth) const;
   FlagSet evalReaching(const Def &D, const Location &L, unsigned Depth) const;
   FlagSet fromCallers(const Location &L, unsigned Depth) const;
   /// Values a helper of this unit returns, whatever its arguments.
