@@ -196,18 +196,21 @@ json::Value unitToJson(const UnitResult &U) {
     Conditions.push_back(conditionToJson(C));
   for (const IncompleteAnalysis &I : U.Facts.Incomplete)
     Incomplete.push_back(incompleteToJson(I));
-  return json::Object{{"file", U.File},
-                      {"findings", std::move(Findings)},
-                      {"parseErrors", U.ParseErrors},
-                      {"facts", U.Facts.Facts},
-                      {"conditions", std::move(Conditions)},
-                      {"incomplete", std::move(Incomplete)}};
+  json::Object O{{"file", U.File},
+                 {"findings", std::move(Findings)},
+                 {"parseErrors", U.ParseErrors},
+                 {"facts", U.Facts.Facts},
+                 {"conditions", std::move(Conditions)},
+                 {"incomplete", std::move(Incomplete)}};
+  if (!U.Skipped.empty())
+    O["skipped"] = U.Skipped;
+  return O;
 }
 
 bool unitFromJson(const json::Value &V, UnitResult &U, json::Path P) {
   json::ObjectMapper O(V, P);
   if (!O || !O.map("file", U.File) || !O.map("parseErrors", U.ParseErrors) ||
-      !O.map("facts", U.Facts.Facts))
+      !O.map("facts", U.Facts.Facts) || !O.mapOptional("skipped", U.Skipped))
     return false;
   const json::Array *Findings = arrayField(V, "findings", P);
   const json::Array *Conditions = arrayField(V, "conditions", P);

@@ -8,6 +8,7 @@
 
 #include "Driver.h"
 #include "Cache.h"
+#include "Prescan.h"
 #include "Worker.h"
 #include "engine/Rules.h"
 #include "clang-tidy/ClangTidy.h"
@@ -701,7 +702,8 @@ static std::optional<std::string> unusableSource(llvm::StringRef File) {
 /// an analysis in a worker process, which then goes into the cache.
 static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
                                  const std::string &File,
-                                 const RunOptions &Opts, bool &Reused) {
+                                 const RunOptions &Opts, Prescanner *Prescan,
+                                 bool &Reused) {
   if (std::optional<std::string> Why = unusableSource(File)) {
     UnitResult Result;
     Result.File = File;
@@ -710,6 +712,12 @@ static UnitResult analyzeOrReuse(const CompilationDatabase &DB,
   }
   CompileCommand Cmd = effectiveCommand(DB, File, Opts);
   Cmd.Filename = File;
+  if (Prescan && !Prescan->mayHoldRdma(Cmd)) {
+    UnitResult Result;
+    Result.File = File;
+    Result.Skipped = NoRdmaCode.str();
+    return Result;
+  }
   std::string Key;
   // Registration sites (`ulplint report`) are not part of cache entries.
   ResultCache *Cache = Opts.CollectSites ? nullptr : Opts.Cache;
@@ -780,9 +788,13 @@ std::vector<UnitResult> analyze(const CompilationDatabase &DB,
       Opts.OnUnitDone(Results[Released]);
     }
   };
+  std::optional<Prescanner> Prescan;
+  if (Opts.SkipNonRdma)
+    Prescan.emplace();
   auto Run = [&](size_t I) {
     bool FromCache = false;
-    Results[I] = analyzeOrReuse(DB, Files[I], Opts, FromCache);
+    Results[I] = analyzeOrReuse(DB, Files[I], Opts,
+                                Prescan ? &*Prescan : nullptr, FromCache);
     Reused[I] = FromCache;
     if (Opts.OnUnitDone)
       Release(I);
@@ -800,9 +812,19 @@ std::vector<UnitResult> analyze(const CompilationDatabase &DB,
     Pool.wait();
   }
   removeWorkerFiles();
-  for (char R : Reused)
-    ++(R ? Stats.FromCache : Stats.Analysed);
+  for (size_t I = 0; I < Files.size(); ++I)
+    ++(!Results[I].Skipped.empty() ? Stats.Skipped
+       : Reused[I]                 ? Stats.FromCache
+                                   : Stats.Analysed);
   return Results;
+}
+
+std::string skippedSummary(llvm::ArrayRef<UnitResult> Units) {
+  size_t Skipped = llvm::count_if(
+      Units, [](const UnitResult &U) { return U.Skipped == NoRdmaCode; });
+  if (!Skipped)
+    return "";
+  return ", " + std::to_string(Skipped) + " skipped (" + NoRdmaCode.str() + ")";
 }
 
 } // namespace ulplint::tool

@@ -33,6 +33,8 @@ struct RunOptions {
   ResultCache *Cache = nullptr;
   /// Keep the registration sites of each unit (`ulplint report`).
   bool CollectSites = false;
+  /// Skip, unparsed, the units a pre-scan finds no RDMA code in (Prescan.h).
+  bool SkipNonRdma = true;
   /// The stack a unit is analysed on, in MiB: deeply nested code needs more
   /// than the usual 8 MiB.
   unsigned StackMiB = 64;
@@ -63,7 +65,13 @@ struct UnitResult {
   /// The files the unit read and the content hash it saw: --fix refuses a
   /// file that changed since (its offsets would be wrong).
   std::vector<InputFile> Inputs;
+  /// Why the unit was not parsed although it could be ("no RDMA code": the
+  /// pre-scan found none); empty when it was analysed.
+  std::string Skipped;
 };
+
+/// The reason UnitResult::Skipped gives for a unit the pre-scan skipped.
+inline constexpr llvm::StringLiteral NoRdmaCode = "no RDMA code";
 
 /// Drops the findings whose condition another unit's fact settles.
 void settleConditions(std::vector<UnitResult> &Units);
@@ -118,7 +126,11 @@ unsigned reportBrokenUnits(llvm::ArrayRef<UnitResult> Units,
 
 struct RunStats {
   unsigned Analysed = 0, FromCache = 0;
+  unsigned Skipped = 0; // by the pre-scan: no RDMA code
 };
+
+/// ", N skipped (no RDMA code)" for the summary lines, or "" when none was.
+std::string skippedSummary(llvm::ArrayRef<UnitResult> Units);
 
 /// Runs the checks on the unit of \p Cmd (a final command, see
 /// effectiveCommand) in this process, recording the files it read in

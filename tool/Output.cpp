@@ -335,6 +335,18 @@ json::Array incompleteToJsonOutput(llvm::ArrayRef<UnitResult> Units,
   return Out;
 }
 
+/// Units the pre-scan skipped, with the reason: they are counted in "units"
+/// but were not parsed.
+static json::Array skippedToJson(llvm::ArrayRef<UnitResult> Units,
+                                 llvm::StringRef SourceRoot) {
+  json::Array Out;
+  for (const UnitResult &U : Units)
+    if (!U.Skipped.empty())
+      Out.push_back(json::Object{{"file", relativeTo(U.File, SourceRoot)},
+                                 {"reason", U.Skipped}});
+  return Out;
+}
+
 /// Units not analysed, with paths relative to the source root as findings'.
 json::Array unitErrors(llvm::ArrayRef<UnitResult> Units,
                        llvm::StringRef SourceRoot) {
@@ -393,7 +405,8 @@ void writeJson(llvm::raw_ostream &OS, llvm::ArrayRef<Finding> Findings,
                     {"findings", std::move(Items)},
                     {"errors", unitErrors(Units, Opts.SourceRoot)},
                     {"incomplete", incompleteToJsonOutput(Units, Opts.SourceRoot)},
-                    {"units", static_cast<int64_t>(Units.size())}};
+                    {"units", static_cast<int64_t>(Units.size())},
+                    {"skipped", skippedToJson(Units, Opts.SourceRoot)}};
   if (Opts.Baseline)
     Root["fixed"] = fixedToJson(Opts.Fixed);
   if (Opts.Shard)

@@ -634,6 +634,7 @@ int runReport() {
   errs() << "ulplint report: " << Units.size() << " translation unit(s), "
          << NumSites << " registration site(s)"
          << (Broken ? ", " + std::to_string(Broken) + " not analysed" : "")
+         << skippedSummary(Units)
          << (OutputFile.empty() ? "" : " -> " + OutputFile) << "\n";
   return Broken ? 2 : 0;
 }

@@ -171,6 +171,12 @@ cl::opt<std::string> CacheMaxSize(
     cl::value_desc("size"), cl::init("1G"), cl::cat(Category));
 cl::opt<bool> NoCache("no-cache", cl::desc("Neither read nor write the cache"),
                       cl::cat(Category));
+cl::opt<bool> SkipNonRdma(
+    "skip-non-rdma",
+    cl::desc("Skip, unparsed, units that include no RDMA header and name no "
+             "RDMA API (a textual pre-scan, rules/prescan.yaml; default: on); "
+             "--skip-non-rdma=false parses every unit"),
+    cl::init(true), cl::cat(Category));
 cl::opt<std::string> Baseline(
     "baseline",
     cl::desc("Findings already known (a --write-baseline file, or JSON or "
@@ -616,7 +622,7 @@ int finish(std::vector<UnitResult> Units, std::optional<json::Value> Shard,
     errs() << "ulplint: " << Findings.size() << " finding(s) in "
            << Units.size() << " translation unit(s)"
            << (Broken ? ", " + std::to_string(Broken) + " not analysed" : "")
-           << "\n";
+           << skippedSummary(Units) << "\n";
   }
   if (Broken || IOFailed)
     return 2;
@@ -709,6 +715,7 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   Run.ExtraArgsBefore = ExtraArgsBefore;
   Run.Jobs = Jobs;
   Run.StackMiB = UnitStackSize;
+  Run.SkipNonRdma = SkipNonRdma;
   if (PrintCommands) {
     printCommands(**DB, *Files, Run);
     return 0;
@@ -732,7 +739,11 @@ int analyzeDatabase(std::unique_ptr<clang::tooling::CompilationDatabase> Fixed,
   std::vector<UnitResult> Units = analyze(**DB, *Files, Run, Stats);
   if (Cache && !Quiet)
     errs() << "ulplint: " << Units.size() << " unit(s): " << Stats.Analysed
-           << " analysed, " << Stats.FromCache << " from the cache\n";
+           << " analysed, " << Stats.FromCache << " from the cache"
+           << (Stats.Skipped ? ", " + std::to_string(Stats.Skipped) +
+                                   " skipped (no RDMA code)"
+                             : "")
+           << "\n";
   if (Cache)
     recordProgramFacts(*Cache, Units, programFiles(**DB, *AllFiles));
   if (Cache)

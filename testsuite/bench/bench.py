@@ -11,14 +11,22 @@ database it
      run, so an upper bound of any one unit's peak);
   3. runs `ulplint -j2` with a fresh cache directory (wall time at -j2, and
      the cold-cache run), then again (the warm-cache run);
-  4. with --per-unit, runs ulplint on each unit alone for its peak RSS.
+  4. runs ulplint on each unit alone (`-j1 --no-cache FILE`): its CPU time
+     against the same unit's clang time gives each unit's ratio to its own
+     parse, and the worst unit is reported next to the totals (a total can
+     hide one pathological unit); with --per-unit, also each unit's peak
+     RSS. --no-unit-times skips this pass.
 
 It prints a table and writes the numbers as JSON. The default databases are
 the bundled example (BUILD/example/handmade) and the Linux corpus
-(~/.cache/rdma-corpus/linux-6.12, see shared/corpus/linux) when present.
+(~/.cache/rdma-corpus/linux-6.12, see shared/corpus/linux) when present;
+--corpus-root DIR adds every subdirectory of DIR that has a
+compile_commands.json (the shared corpora: linux-6.12, tgt, fio, qperf,
+dpdk, perftest).
 
-  testsuite/bench/bench.py [--build BUILD] [--db DIR ...] [--json OUT]
-                           [--repeat N] [--per-unit]
+  testsuite/bench/bench.py [--build BUILD] [--db DIR ...] [--corpus-root DIR]
+                           [--json OUT] [--repeat N] [--per-unit]
+                           [--no-unit-times]
 """
 import argparse
 import datetime
@@ -80,14 +88,15 @@ def ulplint_run(ulplint, db, *extra):
 
 
 def ulplint_per_unit(ulplint, db, commands):
-    peaks = {}
+    """Each unit alone: {file: {"cpu_s", "wall_s", "peak_rss_mib"}}."""
+    out = {}
     for unit in commands:
-        r = ulplint_run(ulplint, db, "--no-cache", "-j1", unit["file"])
-        peaks[unit["file"]] = r["peak_rss_mib"]
-    return peaks
+        out[unit["file"]] = ulplint_run(ulplint, db, "--no-cache", "-j1",
+                                        unit["file"])
+    return out
 
 
-def measure(ulplint, clang, db, per_unit):
+def measure(ulplint, clang, db, per_unit, unit_times=True):
     commands = print_commands(ulplint, db)
     result = {"database": db, "units": len(commands)}
     result["clang"] = clang_pass(clang, commands)
@@ -100,9 +109,26 @@ def measure(ulplint, clang, db, per_unit):
                                                 "--cache-dir=" + cache)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    if per_unit:
-        result["ulplint_unit_peak_rss_mib"] = ulplint_per_unit(ulplint, db, commands)
+    if per_unit or unit_times:
+        units = ulplint_per_unit(ulplint, db, commands)
+        result["ulplint_unit_cpu_s"] = {f: u["cpu_s"] for f, u in units.items()}
+        if per_unit:
+            result["ulplint_unit_peak_rss_mib"] = {
+                f: u["peak_rss_mib"] for f, u in units.items()}
     return result
+
+
+def worst_unit(r):
+    """(file, ratio, ulplint CPU s, clang CPU s) of the unit with the highest
+    ulplint/clang CPU ratio, or None without per-unit times. A unit whose
+    parse took under 10 ms is compared with 10 ms (timer resolution)."""
+    times = r.get("ulplint_unit_cpu_s")
+    if not times:
+        return None
+    parse = r["clang"]["unit_cpu_s"]
+    rows = [(f, t / max(parse[f], 0.01), t, parse[f]) for f, t in times.items()
+            if f in parse]
+    return max(rows, key=lambda x: x[1]) if rows else None
 
 
 def ratios(r):
@@ -114,6 +140,12 @@ def ratios(r):
         "j2_speedup": j1["wall_s"] / cold["wall_s"],
         "warm_vs_cold": warm["wall_s"] / cold["wall_s"],
     }
+    worst = worst_unit(r)
+    if worst:
+        out["worst_unit"] = worst[0]
+        out["worst_unit_vs_its_parse"] = worst[1]
+        out["worst_unit_cpu_s"] = worst[2]
+        out["worst_unit_parse_cpu_s"] = worst[3]
     if "ulplint_unit_peak_rss_mib" in r:
         per = [r["ulplint_unit_peak_rss_mib"][f] / clang["unit_peak_rss_mib"][f]
                for f in clang["unit_peak_rss_mib"]]
@@ -139,13 +171,17 @@ def machine():
 
 def print_table(results):
     rows = [("database", "units", "clang CPU s", "ulplint -j1 CPU s", "CPU ratio",
-             "-j1 wall s", "-j2 wall s", "-j2 speedup", "clang max unit RSS MiB",
-             "ulplint -j1 RSS MiB", "RSS ratio", "warm s", "warm/cold")]
+             "worst unit ratio", "-j1 wall s", "-j2 wall s", "-j2 speedup",
+             "clang max unit RSS MiB", "ulplint -j1 RSS MiB", "RSS ratio", "warm s",
+             "warm/cold")]
     for r in results:
         q = r["ratios"]
+        worst = ("%.1f" % q["worst_unit_vs_its_parse"]
+                 if "worst_unit_vs_its_parse" in q else "-")
         rows.append((os.path.basename(r["database"].rstrip("/")), str(r["units"]),
                      "%.1f" % r["clang"]["cpu_s"], "%.1f" % r["ulplint_j1"]["cpu_s"],
-                     "%.2f" % q["cpu_vs_clang"], "%.1f" % r["ulplint_j1"]["wall_s"],
+                     "%.2f" % q["cpu_vs_clang"], worst,
+                     "%.1f" % r["ulplint_j1"]["wall_s"],
                      "%.1f" % r["ulplint_j2_cold"]["wall_s"], "%.2f" % q["j2_speedup"],
                      "%.0f" % r["clang"]["max_unit_peak_rss_mib"],
                      "%.0f" % r["ulplint_j1"]["peak_rss_mib"],
@@ -155,6 +191,13 @@ def print_table(results):
     for row in rows:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
     for r in results:
+        q = r["ratios"]
+        if "worst_unit" in q:
+            print("%s: worst unit %s: %.2f s against its parse %.2f s (%.1fx)" % (
+                os.path.basename(r["database"].rstrip("/")),
+                os.path.relpath(q["worst_unit"], r["database"]),
+                q["worst_unit_cpu_s"], q["worst_unit_parse_cpu_s"],
+                q["worst_unit_vs_its_parse"]))
         if "unit_peak_rss_vs_clang_max" in r["ratios"]:
             print("%s: per-unit peak RSS vs clang: max %.2f, median %.2f" % (
                 os.path.basename(r["database"].rstrip("/")),
@@ -177,11 +220,20 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="measure each database this many times")
     ap.add_argument("--per-unit", action="store_true",
-                    help="also run ulplint on each unit alone for its peak RSS")
+                    help="also report each unit's peak RSS (from the per-unit pass)")
+    ap.add_argument("--no-unit-times", action="store_true",
+                    help="skip the per-unit pass (no worst-unit ratio)")
+    ap.add_argument("--corpus-root",
+                    help="add every subdirectory holding a compile_commands.json")
     args = ap.parse_args()
 
     ulplint = os.path.join(args.build, "tool", "ulplint")
-    dbs = args.db
+    dbs = list(args.db or [])
+    if args.corpus_root:
+        for name in sorted(os.listdir(args.corpus_root)):
+            d = os.path.join(args.corpus_root, name)
+            if os.path.isfile(os.path.join(d, "compile_commands.json")):
+                dbs.append(d)
     if not dbs:
         dbs = [os.path.join(args.build, "example", "handmade")]
         corpus = os.path.expanduser("~/.cache/rdma-corpus/linux-6.12")
@@ -194,7 +246,8 @@ def main():
         for i in range(args.repeat):
             print("bench: %s (run %d of %d)" % (db, i + 1, args.repeat),
                   file=sys.stderr)
-            r = measure(ulplint, args.clang, os.path.abspath(db), args.per_unit)
+            r = measure(ulplint, args.clang, os.path.abspath(db), args.per_unit,
+                        not args.no_unit_times)
             r["run"] = i + 1
             r["ratios"] = ratios(r)
             report["results"].append(r)
