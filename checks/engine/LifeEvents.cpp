@@ -901,11 +901,21 @@ public:
             !A.sources().isBeforeInTranslationUnit(Mr.At->getEndLoc(), CE->getBeginLoc()))
           return true;
         for (const Expr *Arg : CE->arguments())
-          if (auto L = locationOf(Arg))
-            if (A.withinStorage(*L, Mr.Fn, Mr.Object, Mr.Fn) ||
-                A.withinStorage(Mr.Object, Mr.Fn, *L, Mr.Fn))
+          if (auto L = locationOf(Arg)) {
+            if (names(*L))
               Found = CE;
+            // `wr = &rwr.wr` on one branch, NULL on the other.
+            else if (L->Steps.empty())
+              for (const Def *D : A.flow(Mr.Fn).reaching(*L, CE))
+                if (D && D->K == Def::Assign)
+                  if (auto V = locationOf(D->Value); V && names(*V))
+                    Found = CE;
+          }
         return true;
+      }
+      bool names(const Location &L) {
+        return A.withinStorage(L, Mr.Fn, Mr.Object, Mr.Fn) ||
+               A.withinStorage(Mr.Object, Mr.Fn, L, Mr.Fn);
       }
     } F(A, Mr);
     F.TraverseStmt(Mr.Fn->getBody());

@@ -115,6 +115,9 @@ struct PathState {
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
 };
 
+/// Parameters a call passes as constants, in parameter order.
+using ArgConstants = std::vector<std::pair<const ParmVarDecl *, int64_t>>;
+
 /// The part of a state a summary depends on.
 struct EntryKey {
   Life L;
@@ -159,7 +162,8 @@ public:
       solveShared(Slot);
     for (const FunctionDecl *Fn : Roots)
       for (const SlotKey &Slot : ParamSlots[Fn])
-        commit(summary(Fn, Slot, entryState({Life::Unknown, true, false}), 0),
+        commit(summary(Fn, Slot, entryState({Life::Unknown, true, false}), 0,
+                       rootConstants(Fn)),
                entryState({Life::Unknown, true, false}), nullptr);
   }
 
@@ -338,7 +342,7 @@ private:
     for (const SlotKey &Slot : OwnSlots[Fn]) {
       PathState Start;
       Start.L = Life::None;
-      Result R = walk(Fn, Slot, {Start}, 0, Mode::Commit);
+      Result R = walk(Fn, Slot, {Start}, 0, Mode::Commit, rootConstants(Fn));
       commitIncidents(R.Incidents, nullptr);
     }
   }
@@ -362,14 +366,45 @@ private:
       size_t Before = Resting.size();
       for (const FunctionDecl *Fn : Touching)
         for (const PathState &Entry : entries(Fn, Slot, Resting))
-          for (const Exit &X : summary(Fn, Slot, Entry, 0).Exits)
+          for (const Exit &X : summary(Fn, Slot, Entry, 0, rootConstants(Fn)).Exits)
             addResting(Resting, applied(X.S, Entry));
       if (Resting.size() == Before)
         break;
     }
     for (const FunctionDecl *Fn : Touching)
       for (const PathState &Entry : entries(Fn, Slot, Resting))
-        commit(summary(Fn, Slot, Entry, 0), Entry, nullptr);
+        commit(summary(Fn, Slot, Entry, 0, rootConstants(Fn)), Entry, nullptr);
+  }
+
+  /// A static function's integer parameters that every caller in the unit
+  /// passes the same constant (`complete_req(req, true)` everywhere): the
+  /// function is judged as it is called.
+  ArgConstants rootConstants(const FunctionDecl *Fn) {
+    auto [It, New] = RootConstants.try_emplace(Fn);
+    if (!New || Fn->isExternallyVisible())
+      return It->second;
+    auto Calls = A.callersOf(Fn);
+    if (Calls.empty())
+      return It->second;
+    for (unsigned I = 0; I < Fn->getNumParams(); ++I) {
+      const ParmVarDecl *P = Fn->getParamDecl(I);
+      if (!P->getType()->isIntegralOrEnumerationType())
+        continue;
+      std::optional<int64_t> Agreed;
+      bool Same = true;
+      for (const auto &[CE, Caller] : Calls) {
+        std::optional<int64_t> V =
+            I < CE->getNumArgs() ? A.values(Caller).constant(CE->getArg(I)) : std::nullopt;
+        if (!V || (Agreed && *Agreed != *V)) {
+          Same = false;
+          break;
+        }
+        Agreed = V;
+      }
+      if (Same && Agreed)
+        It->second.push_back({P, *Agreed});
+    }
+    return It->second;
   }
 
   /// The states root \p Fn may find \p Slot in: invalidated for a
@@ -492,12 +527,14 @@ private:
   //===-- Summaries ---------------------------------------------------------===//
 
   const Result &summary(const FunctionDecl *Fn, const SlotKey &Slot,
-                        const PathState &From, unsigned Depth) {
-    auto Key = std::make_tuple(Fn, Slot, keyOf(From));
+                        const PathState &From, unsigned Depth,
+                        const ArgConstants &Consts = {}) {
+    auto Key = std::make_tuple(Fn, Slot, keyOf(From), Consts);
     auto It = Memo.find(Key);
     if (It != Memo.end())
       return It->second;
-    Result R = walk(Fn, Slot, {entryState(keyOf(From))}, Depth, Mode::Summary);
+    Result R = walk(Fn, Slot, {entryState(keyOf(From))}, Depth, Mode::Summary,
+                    Consts);
     return Memo[Key] = std::move(R);
   }
 
@@ -535,12 +572,15 @@ private:
     unsigned Depth;
     Result R;
     std::map<const LifeEvent *, std::pair<bool, std::optional<PathState>>> Releases;
+    /// Parameters the caller passes as constants (`finish_req(r, true)`).
+    ArgConstants Consts;
   };
 
   Result walk(const FunctionDecl *Fn, const SlotKey &Slot,
-              std::vector<PathState> Entries, unsigned Depth, Mode M) {
+              std::vector<PathState> Entries, unsigned Depth, Mode M,
+              ArgConstants Consts = {}) {
     Walk W{Fn, Slot, Slot.isLocal() && !isParamSlot(Slot), isParamSlot(Slot), M,
-           Depth, {}, {}};
+           Depth, {}, {}, std::move(Consts)};
     const CFG *G = A.flow(Fn).cfg();
     if (!G)
       return W.R;
@@ -884,7 +924,7 @@ private:
     if (!In || Active.count(E.Callee) || W.Depth >= budget::CallDepth)
       return false;
     const Result &R = summary(E.Callee, *In, entryState({Life::Live, true, false}),
-                              W.Depth + 1);
+                              W.Depth + 1, argConstants(W, CE, E.Callee));
     return !R.Exits.empty() && llvm::all_of(R.Exits, [](const Exit &X) {
       return X.S.L == Life::Released;
     });
@@ -904,7 +944,8 @@ private:
       Out.push_back(S);
       return;
     }
-    const Result &R = summary(E.Callee, *In, S, W.Depth + 1);
+    const Result &R = summary(E.Callee, *In, S, W.Depth + 1,
+                              argConstants(W, CE, E.Callee));
     for (const LifeIncident &I : R.Incidents) {
       // Wrong because of the state the helper was called in: this call is
       // where the mistake is made.
@@ -926,11 +967,19 @@ private:
     }
     bool Both = llvm::any_of(R.Exits, [](const Exit &X) { return X.Error; }) &&
                 llvm::any_of(R.Exits, [](const Exit &X) { return !X.Error; });
+    // The helper is given the registration this path staged
+    // (`rtrs_post_send_rdma(.., &rwr.wr)`): when it fails, none went out.
+    bool HandOff = S.Tag == CE && S.Outcome == 0;
     for (const Exit &X : R.Exits) {
       PathState N = applied(X.S, S);
       if (N.Pending && N.Pending != S.Pending)
         N.Pending = latent(boundIncident(*N.Pending, S, CE));
       if (Both) {
+        if (HandOff && X.Error && N.L == S.L) {
+          N.L = S.Undo;
+          N.Exposed = S.UndoExposed;
+          N.PostFailed = true;
+        }
         N.Tag = CE;
         N.Outcome = X.Error ? 1 : -1;
       } else {
@@ -942,6 +991,43 @@ private:
       }
       Out.push_back(N);
     }
+  }
+
+  /// The integer arguments of \p CE that are constants here: literals, or
+  /// this function's own parameters when its caller passed constants.
+  ArgConstants argConstants(const Walk &W, const CallExpr *CE,
+                            const FunctionDecl *Callee) {
+    ArgConstants Out;
+    for (unsigned I = 0; I < CE->getNumArgs() && I < Callee->getNumParams(); ++I) {
+      const ParmVarDecl *P = Callee->getParamDecl(I);
+      if (!P->getType()->isIntegralOrEnumerationType())
+        continue;
+      const Expr *Arg = stripExpr(CE->getArg(I));
+      std::optional<int64_t> V = A.values(W.Fn).constant(Arg);
+      if (const auto *DRE = dyn_cast<DeclRefExpr>(Arg); !V && DRE)
+        for (const auto &[Q, C] : W.Consts)
+          if (Q == DRE->getDecl())
+            V = C;
+      if (V)
+        Out.push_back({P, *V});
+    }
+    return Out;
+  }
+
+  /// `if (can_wait)` / `if (!force)` on a parameter the caller passed as a
+  /// constant: whether the test holds.
+  std::optional<bool> constantTest(const Walk &W, const Expr *Cond) {
+    if (W.Consts.empty())
+      return std::nullopt;
+    bool Negated = false;
+    Cond = stripNegation(Cond, Negated);
+    const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(Cond));
+    if (!DRE)
+      return std::nullopt;
+    for (const auto &[P, V] : W.Consts)
+      if (P == DRE->getDecl())
+        return (V != 0) != Negated;
+    return std::nullopt;
   }
 
   //===-- Branches ----------------------------------------------------------===//
@@ -965,6 +1051,8 @@ private:
     if (!Cond)
       return true;
     bool Then = Index == 0;
+    if (std::optional<bool> Holds = constantTest(W, Cond); Holds && *Holds != Then)
+      return false; // `if (can_wait)` with the caller's `true`
     if (auto Null = nullTest(W, Cond))
       if (*Null == Then && S.L != Life::Escaped) {
         S.L = Life::None;
@@ -1577,7 +1665,10 @@ private:
   std::vector<const FunctionDecl *> Roots;
   std::set<const FunctionDecl *> InvalidationCallbacks;
   std::set<const FunctionDecl *> Active;
-  std::map<std::tuple<const FunctionDecl *, SlotKey, EntryKey>, Result> Memo;
+  std::map<std::tuple<const FunctionDecl *, SlotKey, EntryKey, ArgConstants>,
+           Result>
+      Memo;
+  std::map<const FunctionDecl *, ArgConstants> RootConstants;
   std::map<std::pair<const Stmt *, SlotKey>, const LifeEvent *> LoopRelease;
   std::deque<LifeIncident> Latent;
 };

@@ -118,3 +118,45 @@ void demo_agent_destroy_drained(struct demo_agent *a)
 	ib_dereg_mr(a->status_mr);
 	ib_destroy_qp(a->qp);
 }
+
+/*
+ * A helper that waits for the LOCAL_INV only when asked (`can_wait`), as the
+ * RTRS client's complete_rdma_req(): the failover path passes true and
+ * deregisters afterwards (near miss); the fast path passes false and
+ * deregisters at once (positive, reported at its call).
+ */
+struct demo_fo_req {
+	struct ib_qp *qp;
+	struct ib_mr *mr;
+	struct ib_cqe inv_cqe;
+	struct demo_completion inv_comp;
+};
+
+static void demo_fo_finish(struct demo_fo_req *r, bool can_wait)
+{
+	struct ib_send_wr wr = {
+		.opcode = IB_WR_LOCAL_INV,
+		.wr_cqe = &r->inv_cqe,
+		.send_flags = IB_SEND_SIGNALED,
+		.ex.invalidate_rkey = r->mr->rkey,
+	};
+
+	if (ib_post_send(r->qp, &wr, NULL))
+		return;
+	if (can_wait)
+		wait_for_completion(&r->inv_comp);
+}
+
+void demo_fo_fail_over(struct demo_fo_req *r)
+{
+	demo_fo_finish(r, true);
+	ib_dereg_mr(r->mr);
+}
+
+void demo_fo_fast_fail(struct demo_fo_req *r)
+{
+	demo_fo_finish(r, false);
+	ib_dereg_mr(r->mr);
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'ib_dereg_mr' runs right after posting a LOCAL_INV that nothing waits for
+	// CHECK-MESSAGES: :[[@LINE-17]]:6: note: LOCAL_INV posted here
+}
