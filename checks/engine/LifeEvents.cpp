@@ -311,6 +311,13 @@ private:
   }
 
 public:
+  /// Fresh memory holds no handle yet, whatever the unit later stores in it.
+  void freshAllocations() {
+    for (const auto &[Fn, CE, Result, Name] : Allocations)
+      for (const SlotKey &Slot : handleSlotsWithin(Fn, Result))
+        add(event(LifeEventKind::Fresh, Slot, Fn, CE, CE->getBeginLoc(), Name));
+  }
+
   /// `mr = ulp_get_mr(conn)`: a helper that returns a handle it produced
   /// and kept nowhere else produces it here. One that returns a handle it
   /// also stored (a cache entry) does not.
@@ -473,9 +480,10 @@ private:
       released(Fn, CE, C.arg(ArgRole::Entry), Name, /*EntryOfContainer=*/true);
       break;
     case Effect::BufferAlloc:
+      // Judged once every handle the unit produces is known: the array
+      // allocated here may hold MRs produced further down.
       if (std::optional<Location> Result = A.resultOf(CE))
-        for (const SlotKey &Slot : handleSlotsWithin(Fn, *Result))
-          add(event(LifeEventKind::Fresh, Slot, Fn, CE, Loc, Name));
+        Allocations.push_back({Fn, CE, *Result, Name.str()});
       break;
     case Effect::WaitCompletion:
     case Effect::CqPoll:
@@ -960,6 +968,8 @@ private:
   std::vector<std::tuple<Location, const FunctionDecl *, SlotKey, const Stmt *>>
       Buffers;
   std::vector<LifeEvent> KeyLeaves;
+  std::vector<std::tuple<const FunctionDecl *, const CallExpr *, Location, std::string>>
+      Allocations;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *,
                          Location>>
       HelperResults;
@@ -974,6 +984,7 @@ void extractEvents(Lifecycle &L) {
   for (const FunctionDecl *Fn : L.A.functions())
     B.extract(Fn);
   B.produceFromHelpers();
+  B.freshAllocations();
   B.exposeUnpostedRegistrations();
   B.exposeLeavingKeys();
   B.destroyPools();

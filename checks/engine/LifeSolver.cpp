@@ -1310,16 +1310,17 @@ private:
         return Flip(nullTest(W, BO->getRHS(), Depth + 1));
       if (!BO->isEqualityOp())
         return std::nullopt;
-      const Expr *Other = names(W, BO->getLHS())   ? BO->getRHS()
-                          : names(W, BO->getRHS()) ? BO->getLHS()
-                                                   : nullptr;
+      auto Tested = [&](const Expr *E) { return names(W, E) || holdsArray(W, E); };
+      const Expr *Other = Tested(BO->getLHS())   ? BO->getRHS()
+                          : Tested(BO->getRHS()) ? BO->getLHS()
+                                                 : nullptr;
       if (!Other || !Other->isNullPointerConstant(
                         const_cast<ASTContext &>(A.context()),
                         Expr::NPC_ValueDependentIsNotNull))
         return std::nullopt;
       return Flip(BO->getOpcode() == BO_EQ);
     }
-    if (names(W, Cond))
+    if (names(W, Cond) || holdsArray(W, Cond))
       return Flip(false); // `if (mr)`: null on the else side
     // `bool __ret = !!(!mr); if (unlikely(__ret))`
     if (auto L = locationOf(Cond); L && L->Steps.empty() &&
@@ -1329,6 +1330,15 @@ private:
         return Flip(nullTest(W, Defs[0]->Value, Depth + 1));
     }
     return std::nullopt;
+  }
+
+  /// `b->pmr` for the slot `b->pmr[j]`: a NULL array holds no handle.
+  bool holdsArray(Walk &W, const Expr *E) {
+    auto L = locationOf(E);
+    if (!L || !stripExpr(E)->getType()->isPointerType() || !W.Slot.isElement())
+      return false;
+    SlotKey Array = slotOf(A, *L, W.Fn);
+    return Array.valid() && Array != W.Slot && W.Slot.isWithin(Array);
   }
 
   bool names(Walk &W, const Expr *E) {

@@ -113,3 +113,49 @@ static int demo_pool_fill(struct demo_pool_owner *o, int nr)
 	}
 	return 0;
 }
+
+/* Near miss: the MR array is allocated before its MRs, unwound in a loop
+ * and freed; the path where allocating the arrays failed frees an array
+ * that holds nothing yet. */
+struct demo_hdr_queue {
+	struct ib_pd *pd;
+	struct ib_mr **hdr_mrs;
+	void **hdr_bufs;
+	int nr;
+};
+
+int demo_alloc_hdr_mrs(struct demo_hdr_queue *q)
+{
+	int i, ret;
+
+	q->hdr_mrs = kcalloc(q->nr, sizeof(*q->hdr_mrs), GFP_KERNEL);
+	q->hdr_bufs = kcalloc(q->nr, sizeof(*q->hdr_bufs), GFP_KERNEL);
+	if (!q->hdr_mrs || !q->hdr_bufs) {
+		ret = -ENOMEM;
+		goto out_free_arrays;
+	}
+	for (i = 0; i < q->nr; i++) {
+		q->hdr_mrs[i] = ib_alloc_mr(q->pd, IB_MR_TYPE_MEM_REG, 1);
+		if (IS_ERR(q->hdr_mrs[i])) {
+			ret = PTR_ERR(q->hdr_mrs[i]);
+			goto out_unwind;
+		}
+		q->hdr_bufs[i] = kmalloc(512, GFP_KERNEL);
+		if (!q->hdr_bufs[i]) {
+			ib_dereg_mr(q->hdr_mrs[i]);
+			ret = -ENOMEM;
+			goto out_unwind;
+		}
+	}
+	return 0;
+
+out_unwind:
+	while (--i >= 0) {
+		kfree(q->hdr_bufs[i]);
+		ib_dereg_mr(q->hdr_mrs[i]);
+	}
+out_free_arrays:
+	kfree(q->hdr_bufs);
+	kfree(q->hdr_mrs);
+	return ret;
+}

@@ -327,3 +327,47 @@ int ok_umr_setup(struct umr_ctx *c)
   c->mkey = mkey;
   return 0;
 }
+
+/* Near miss (QEMU migration style): the chunk MRs are deregistered in a
+ * loop whose condition also tests the array, which is freed afterwards; a
+ * NULL array holds no MR. */
+struct demo_ram_block {
+  struct ibv_mr **pmr;
+  int nb_chunks;
+};
+
+void demo_ram_cleanup(struct demo_ram_block *blocks, int nb_blocks)
+{
+  int i, j;
+
+  for (i = 0; i < nb_blocks; i++) {
+    struct demo_ram_block *b = &blocks[i];
+
+    for (j = 0; b->pmr && j < b->nb_chunks; j++)
+      if (b->pmr[j])
+        ibv_dereg_mr(b->pmr[j]);
+    free(b->pmr);
+    b->pmr = NULL;
+  }
+}
+
+int demo_ram_register(struct ibv_pd *pd, struct demo_ram_block *b, char *base, size_t chunk)
+{
+  int j;
+
+  b->pmr = calloc(b->nb_chunks, sizeof(*b->pmr));
+  if (!b->pmr)
+    return -1;
+  for (j = 0; j < b->nb_chunks; j++) {
+    b->pmr[j] = ibv_reg_mr(pd, base + j * chunk, chunk, IBV_ACCESS_LOCAL_WRITE);
+    if (!b->pmr[j])
+      goto unwind;
+  }
+  return 0;
+unwind:
+  while (--j >= 0)
+    ibv_dereg_mr(b->pmr[j]);
+  free(b->pmr);
+  b->pmr = NULL;
+  return -1;
+}
