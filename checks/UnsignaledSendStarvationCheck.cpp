@@ -17,12 +17,6 @@ void UnsignaledSendStarvationCheck::run(const TuAnalysis &A) {
   checkStuckCounters(A, W);
 }
 
-static bool asksForCompletion(const PostSite &P) {
-  return P.CoreSignals || !P.Complete ||
-         llvm::any_of(P.Chain,
-                      [](const WrSlot &S) { return S.Signal != WrSlot::Never; });
-}
-
 /// A post of the ULP's own messages or RDMA, not only REG_MR / LOCAL_INV.
 static bool postsData(const PostSite &P) {
   return llvm::any_of(P.Chain,
@@ -68,7 +62,7 @@ void UnsignaledSendStarvationCheck::checkNeverSignaled(const TuAnalysis &A,
     if (Q.CoreManaged || !Q.SignalAll || *Q.SignalAll)
       continue;
     std::vector<const PostSite *> On = postsMaybeOn(W, Q);
-    if (llvm::any_of(On, [](const PostSite *P) { return asksForCompletion(*P); }))
+    if (llvm::any_of(On, [](const PostSite *P) { return P->asksForCompletion(); }))
       continue;
     SourceLocation Loc = Q.SignalStore ? Q.SignalStore->Spelling->getBeginLoc() : Q.Call->Call->getBeginLoc();
     // Another file of the ULP may post on this QP, under any name it is
@@ -172,17 +166,14 @@ public:
   }
   bool VisitCallExpr(CallExpr *CE) {
     const FunctionModel *M = A.modelOf(CE);
-    auto Arg = [&](ArgRole R) -> const Expr * {
-      std::optional<unsigned> I = M ? M->arg(R) : std::nullopt;
-      return I && *I < CE->getNumArgs() ? CE->getArg(*I) : nullptr;
-    };
-    if (M && Arg(ArgRole::Counter)) {
-      const Expr *Counter = Arg(ArgRole::Counter);
+    ApiCall Call{CE, M, Current};
+    if (const Expr *Counter = M ? Call.arg(ArgRole::Counter) : nullptr) {
+      const Expr *Value = Call.arg(ArgRole::Value);
       switch (M->E) {
       case Effect::CounterAdd: add(Counter, MovesUp); break;
       case Effect::CounterSub: add(Counter, MovesDown); break;
       case Effect::CounterSet:
-        add(Counter, Arg(ArgRole::Value) ? assigned(Counter, Arg(ArgRole::Value)) : MovesEither);
+        add(Counter, Value ? assigned(Counter, Value) : MovesEither);
         break;
       default: break;
       }
@@ -277,9 +268,8 @@ private:
     if (const auto *CE = dyn_cast<CallExpr>(E)) {
       // atomic_read(&c->unsignaled) reads the counter.
       const FunctionModel *M = A.modelOf(CE);
-      std::optional<unsigned> I = M && M->E == Effect::CounterRead ? M->arg(ArgRole::Counter) : std::nullopt;
-      if (I && *I < CE->getNumArgs())
-        if (auto L = locationOf(CE->getArg(*I)))
+      if (M && M->E == Effect::CounterRead)
+        if (auto L = locationOf(ApiCall{CE, M, nullptr}.arg(ArgRole::Counter)))
           Tests.back().Reads.push_back({CE, *L, Needs});
       return;
     }

@@ -761,6 +761,12 @@ private:
     }
   }
 
+  /// The tagged call failed: what it did to the slot did not happen.
+  static void undoTag(PathState &S) {
+    S.L = S.Undo;
+    S.Exposed = S.UndoExposed;
+  }
+
   /// A post's effect is undone on the branch that finds the post failed.
   static void remember(PathState &S, const LifeEvent &E) {
     const Stmt *Post = E.K == LifeEventKind::Post ? E.S : E.Post;
@@ -976,7 +982,7 @@ private:
         N.Pending = latent(boundIncident(*N.Pending, S, CE));
       if (Both) {
         if (HandOff && X.Error && N.L == S.L) {
-          N.L = S.Undo;
+          N.L = S.Undo; // as undoTag(S): the caller's state before the call
           N.Exposed = S.UndoExposed;
           N.PostFailed = true;
         }
@@ -1065,8 +1071,7 @@ private:
         if ((S.Outcome == 1 && !FailedHere) || (S.Outcome == -1 && FailedHere))
           return false; // the helper's other outcome takes this branch
         if (S.Outcome == 0 && FailedHere) {
-          S.L = S.Undo; // the post that changed the slot failed
-          S.Exposed = S.UndoExposed;
+          undoTag(S); // the post that changed the slot failed
           if (waitsWithTimeout(S.Tag))
             S.Waited = false; // the wait gave up
         }
@@ -1434,8 +1439,7 @@ private:
       if (std::optional<bool> Failed = failedCall(W, RS->getRetValue(), S.Tag);
           Failed && *Failed) {
         PathState NotPosted = S, Posted = S;
-        NotPosted.L = S.Undo;
-        NotPosted.Exposed = S.UndoExposed;
+        undoTag(NotPosted);
         NotPosted.Outcome = 1;
         NotPosted.PostFailed = true;
         Posted.Outcome = -1;

@@ -1461,15 +1461,13 @@ bool WorkRequests::postsRegistrations() const {
   return false;
 }
 
+bool PostSite::asksForCompletion() const {
+  return CoreSignals || !Complete ||
+         llvm::any_of(Chain, [](const WrSlot &S) { return S.Signal != WrSlot::Never; });
+}
+
 bool WorkRequests::mayRequestCompletion() const {
-  for (const PostSite &P : Posts) {
-    if (P.CoreSignals || !P.Complete)
-      return true;
-    for (const WrSlot &S : P.Chain)
-      if (S.Signal != WrSlot::Never)
-        return true;
-  }
-  return false;
+  return llvm::any_of(Posts, [](const PostSite &P) { return P.asksForCompletion(); });
 }
 
 std::string WorkRequests::costFact(StringRef Qp, unsigned N) {
@@ -1507,13 +1505,7 @@ void WorkRequests::exportFacts() const {
   }
   for (const auto &[Qp, On] : ByQp) {
     Prog.exportFact(postsFact(Qp));
-    bool Signals = llvm::any_of(On, [](const PostSite *P) {
-      return P->CoreSignals || !P->Complete ||
-             llvm::any_of(P->Chain, [](const WrSlot &S) {
-               return S.Signal != WrSlot::Never;
-             });
-    });
-    if (Signals)
+    if (llvm::any_of(On, [](const PostSite *P) { return P->asksForCompletion(); }))
       Prog.exportFact(signalsFact(Qp));
     RequestCost Cost = requestCost(On);
     for (unsigned N = 1; N <= Cost.Total && N <= 64; ++N)

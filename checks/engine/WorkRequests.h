@@ -85,6 +85,9 @@ struct PostSite {
 
   /// Send-queue entries one run of the post takes.
   unsigned entries() const;
+  /// Some work request of the post may ask for a completion (or the core
+  /// signals, or the chain is not fully known).
+  bool asksForCompletion() const;
 };
 
 /// A QP creation and what it asks for.
