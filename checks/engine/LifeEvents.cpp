@@ -178,6 +178,22 @@ std::optional<SlotKey> KeyTracker::keySlot(const FunctionDecl *Fn, const Expr *E
   return std::nullopt;
 }
 
+std::optional<SlotKey> KeyTracker::keyParameter(const FunctionDecl *Fn,
+                                                const Expr *E) const {
+  std::optional<Location> Loc = E ? locationOf(E) : std::nullopt;
+  if (!Loc)
+    return std::nullopt;
+  Location R = A.flow(Fn).resolve(*Loc);
+  const auto *P = dyn_cast_or_null<ParmVarDecl>(R.Root);
+  if (!P || !R.Steps.empty() || !P->getType()->isIntegerType())
+    return std::nullopt;
+  // Only the value the caller passed: no assignment reaches the read.
+  for (const Def *D : A.flow(Fn).reaching(R, E))
+    if (D)
+      return std::nullopt;
+  return SlotKey::of(R, Fn);
+}
+
 //===-- Extraction --------------------------------------------------------===//
 
 /// Builds the events of one unit.
@@ -465,7 +481,7 @@ private:
           add(E);
         }
       if (C.Model->Op == Opcode::LocalInv)
-        if (auto Slot = Keys.keySlot(Fn, C.arg(ArgRole::InvalidateRkey))) {
+        if (auto Slot = invalidatedKey(Fn, C.arg(ArgRole::InvalidateRkey))) {
           LifeEvent E = event(LifeEventKind::InvalidatePost, *Slot, Fn, CE, Loc, Name);
           extendedPost(C, E);
           add(E);
@@ -742,8 +758,19 @@ private:
     // whose MR comes from another unit goes with it too.
     Location Resolved = Container;
     QualType T = Container.Root ? Container.Root->getType() : QualType();
-    for (const Location::Step &S : Container.Steps)
-      T = S.Field ? S.Field->getType() : QualType();
+    for (const Location::Step &S : Container.Steps) {
+      if (T.isNull() || S.Field) {
+        T = S.Field ? S.Field->getType() : QualType();
+        continue;
+      }
+      // `desc[i]` of `struct desc **desc`: one of the pointers.
+      if (const auto *PT = T->getAs<PointerType>())
+        T = PT->getPointeeType();
+      else if (const auto *AT = T->getAsArrayTypeUnsafe())
+        T = AT->getElementType();
+      else
+        T = QualType();
+    }
     if (!T.isNull() && T->isPointerType())
       if (const RecordDecl *RD = T->getPointeeType()->getAsRecordDecl())
         handleFields(Fn, Resolved, RD, 0, Found);
@@ -770,6 +797,18 @@ private:
     }
   }
 
+  /// `desc = ulp_pool_get(pool)` inside a loop: the local now names
+  /// another descriptor, whose handles are in a state this path does not
+  /// know (the helper's summary, applied next, may tell).
+  void repointed(const FunctionDecl *Fn, const CallExpr *CE, const FunctionDecl *Callee) {
+    std::optional<Location> Result = A.resultOf(CE);
+    if (!Result || !Result->Steps.empty() || !isa_and_nonnull<VarDecl>(Result->Root) ||
+        isa<ParmVarDecl>(Result->Root) || isHandleType(A, Callee->getReturnType()))
+      return;
+    for (const SlotKey &Slot : handleSlotsWithin(Fn, *Result))
+      add(event(LifeEventKind::Repoint, Slot, Fn, CE, CE->getBeginLoc(), Callee->getName()));
+  }
+
   /// A call to a helper of this unit carries its effects (the solver
   /// applies its summary); anything else that receives a handle may keep or
   /// release it.
@@ -778,9 +817,16 @@ private:
     const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
     bool Helper = Def && llvm::is_contained(A.functions(), Def);
     if (Helper) {
+      repointed(Fn, CE, Def);
       LifeEvent E = event(LifeEventKind::Call, SlotKey(), Fn, CE,
                           CE->getBeginLoc(), Def->getName());
       E.Callee = Def;
+      for (unsigned I = 0; I < CE->getNumArgs() && I < Def->getNumParams(); ++I)
+        if (Def->getParamDecl(I)->getType()->isIntegerType())
+          if (auto Slot = Keys.keySlot(Fn, CE->getArg(I))) {
+            std::optional<Location> Owner = keyOwner(A, CE->getArg(I));
+            E.KeyArgs.push_back({I, *Slot, !Owner || stable(Fn, *Owner)});
+          }
       add(E);
       if (auto Result = A.resultOf(CE); Result && isHandleType(A, Def->getReturnType()))
         HelperResults.push_back({Fn, CE, Def, *Result});
@@ -931,6 +977,14 @@ public:
   }
 
 private:
+  /// The MR a LOCAL_INV's key belongs to, or the parameter it came in
+  /// through (its callers tie it to their handle).
+  std::optional<SlotKey> invalidatedKey(const FunctionDecl *Fn, const Expr *Key) {
+    if (auto Slot = Keys.keySlot(Fn, Key))
+      return Slot;
+    return Keys.keyParameter(Fn, Key);
+  }
+
   /// The handles a post registers for remote access or invalidates.
   void posted(const FunctionDecl *Fn, const PostSite &P) {
     const Stmt *S = P.Call->Call;
@@ -951,7 +1005,7 @@ private:
                           A.rules().opcodeEnumerator(A.domain(), Opcode::BindMw)));
       if (W.mayBe(Opcode::LocalInv))
         for (const FieldStore *Key : slotStores(A, W, FieldRole::InvalidateRkey))
-          if (auto Slot = Keys.keySlot(Key->Fn, Key->Value)) {
+          if (auto Slot = invalidatedKey(Key->Fn, Key->Value)) {
             LifeEvent E = postEvent(LifeEventKind::InvalidatePost, *Slot, Fn,
                                     S, Loc, "LOCAL_INV");
             E.Signaled = W.Signal != WrSlot::Never;

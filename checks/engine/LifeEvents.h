@@ -62,6 +62,10 @@ public:
   /// The slot of the MR whose key \p E holds, directly or through a copy.
   std::optional<SlotKey> keySlot(const clang::FunctionDecl *Fn,
                                  const clang::Expr *E, unsigned Depth = 0) const;
+  /// The slot of an integer parameter of \p Fn whose entry value \p E is
+  /// (`srp_inv_rkey(req, ch, u32 rkey)`): the key the caller passes.
+  std::optional<SlotKey> keyParameter(const clang::FunctionDecl *Fn,
+                                      const clang::Expr *E) const;
 
 private:
   const TuAnalysis &A;

@@ -487,6 +487,8 @@ private:
 
   /// Does the incident depend on the state its function was entered in?
   static bool fromEntry(const LifeIncident &I) {
+    if (I.OwnFailure)
+      return false;
     switch (I.K) {
     case LifeIncident::ReleaseWhileExposed:
     case LifeIncident::ReleaseAfterMismatch:
@@ -542,7 +544,19 @@ private:
   /// parameter that receives it (or the struct holding it), the same slot
   /// when it is shared, nothing when the callee cannot name it.
   std::optional<SlotKey> calleeSlot(const FunctionDecl *Fn, const SlotKey &Slot,
-                                    const CallExpr *CE, const FunctionDecl *Callee) {
+                                    const LifeEvent &Call) {
+    const auto *CE = cast<CallExpr>(Call.S);
+    const FunctionDecl *Callee = Call.Callee;
+    // `inv_rkey(req, mr->rkey)`: the helper knows the handle only by its
+    // key, and posts the LOCAL_INV of that parameter.
+    for (const LifeEvent::KeyArg &K : Call.KeyArgs)
+      if (K.Slot == Slot) {
+        Location Param;
+        Param.Root = Callee->getParamDecl(K.Param);
+        SlotKey In = SlotKey::of(Param, Callee);
+        if (ParamSlots[Callee].count(In))
+          return In;
+      }
     for (unsigned I = 0; I < CE->getNumArgs() && I < Callee->getNumParams(); ++I) {
       std::optional<Location> Arg = locationOf(CE->getArg(I));
       if (!Arg)
@@ -705,6 +719,10 @@ private:
     case LifeEventKind::Fresh:
       S = PathState();
       break;
+    case LifeEventKind::Repoint:
+      S = PathState();
+      S.L = Life::Unknown;
+      break;
     case LifeEventKind::KeyStaged:
       if (S.L == Life::Live)
         S.Staged = &E;
@@ -862,10 +880,84 @@ private:
       return;
     if (const LifeEvent *E = releaseInLoop(W, Loop))
       if (E->K == LifeEventKind::Deregister || E->K == LifeEventKind::Release ||
-          E->K == LifeEventKind::Call) {
+          E->K == LifeEventKind::ContainerRelease || E->K == LifeEventKind::Call) {
         S.L = Life::Released;
         S.Pending = nullptr;
       }
+  }
+
+  /// A loop that posts a LOCAL_INV for each element of an array of handles
+  /// (`for (i = n, pfr = list; i > 0; i--, pfr++) inv_rkey((*pfr)->mr->rkey)`)
+  /// leaves every element with its invalidation posted, however often it
+  /// ran; only a post that failed inside it left a key valid.
+  void loopInvalidates(Walk &W, const Stmt *Loop, PathState &S) {
+    if (S.L != Life::Exposed && S.L != Life::Live && S.L != Life::Unknown)
+      return;
+    if (S.Outcome == 1 && S.Tag && within(Loop, S.Tag))
+      return;
+    if (auto [Inval, Signaled] = invalidationInLoop(W, Loop); Inval) {
+      S.L = Life::InvalPosted;
+      S.Inval = Inval;
+      S.Signaled = Signaled;
+      S.Waited = false;
+    }
+  }
+
+  bool within(const Stmt *Outer, const Stmt *Inner) const {
+    SourceRange R = Outer->getSourceRange();
+    return A.sources().isPointWithin(Inner->getBeginLoc(), R.getBegin(), R.getEnd());
+  }
+
+  /// Is \p S followed, in a block of \p Loop's body, by a return, goto or
+  /// break?
+  bool leavesLoopAfter(const FunctionDecl *Fn, const Stmt *Loop, const Stmt *S) {
+    const ParentMap &PM = A.flow(Fn).parents();
+    const Stmt *Child = S;
+    for (const Stmt *P = PM.getParent(S); P && Child != Loop; Child = P, P = PM.getParent(P)) {
+      const auto *Block = dyn_cast<CompoundStmt>(P);
+      if (!Block)
+        continue;
+      bool After = false;
+      for (const Stmt *Sub : Block->body()) {
+        if (After && (isa<ReturnStmt>(Sub) || isa<GotoStmt>(Sub) || isa<BreakStmt>(Sub)))
+          return true;
+        After |= Sub == Child;
+      }
+    }
+    return false;
+  }
+
+  /// The element-wise invalidation of the walk's slot in \p Loop's body,
+  /// and whether it asks for a completion.
+  std::pair<const LifeEvent *, bool> invalidationInLoop(Walk &W, const Stmt *Loop) {
+    auto Key = std::make_pair(Loop, W.Slot);
+    auto [It, New] = LoopInvalidation.try_emplace(Key);
+    if (!New)
+      return It->second;
+    for (const LifeEvent &E : LC.Events) {
+      if (E.Fn != W.Fn || !E.S || !within(Loop, E.S))
+        continue;
+      if (E.K == LifeEventKind::InvalidatePost && E.Slot == W.Slot && !E.Stable)
+        return It->second = {&E, E.Signaled};
+      if (E.K != LifeEventKind::Call || Active.count(E.Callee) ||
+          W.Depth >= budget::CallDepth)
+        continue;
+      for (const LifeEvent::KeyArg &K : E.KeyArgs) {
+        if (K.Slot != W.Slot || K.Stable)
+          continue;
+        std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, E);
+        if (!In)
+          continue;
+        const Result &R = summary(E.Callee, *In, entryState({Life::Live, true, false}),
+                                  W.Depth + 1, argConstants(W, cast<CallExpr>(E.S), E.Callee));
+        for (const Exit &X : R.Exits)
+          if (X.S.L == Life::InvalPosted)
+            return LoopInvalidation[Key] = {
+                       X.S.Inval && X.S.Inval != &EntryMarker ? X.S.Inval : &E,
+                       X.S.Signaled};
+      }
+    }
+    return It->second;
   }
 
   /// The innermost loop around \p S in \p Fn.
@@ -914,7 +1006,12 @@ private:
         continue;
       // Named through the loop's index (`mrs[i]`, a cursor): each round
       // releases another one.
-      if ((E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release) &&
+      // A release on a branch that then leaves the loop undoes one round
+      // (`if (map fails) { put(d); return; }`), it unwinds nothing.
+      if (leavesLoopAfter(W.Fn, Loop, E.S))
+        continue;
+      if ((E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release ||
+           E.K == LifeEventKind::ContainerRelease) &&
           E.Slot == W.Slot && !E.Stable)
         Found = &E;
       if (E.K == LifeEventKind::Call && callReleases(W, E))
@@ -926,7 +1023,7 @@ private:
   /// Does the helper call \p E release the walk's slot on every path?
   bool callReleases(Walk &W, const LifeEvent &E) {
     const auto *CE = cast<CallExpr>(E.S);
-    std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, CE, E.Callee);
+    std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, E);
     if (!In || Active.count(E.Callee) || W.Depth >= budget::CallDepth)
       return false;
     const Result &R = summary(E.Callee, *In, entryState({Life::Live, true, false}),
@@ -940,7 +1037,7 @@ private:
   void call(Walk &W, const LifeEvent &E, const PathState &S,
             std::vector<PathState> &Out) {
     const auto *CE = cast<CallExpr>(E.S);
-    std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, CE, E.Callee);
+    std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, E);
     if (!In || Active.count(E.Callee)) {
       Out.push_back(S); // the helper cannot name the slot, or recursion
       return;
@@ -962,6 +1059,7 @@ private:
       if (fromEntry(I)) {
         J.Anchor = CE;
         J.AnchorFn = W.Fn;
+        J.OwnFailure = failedHere(W, S);
         // Released by the helper after this function saw another key
         // invalidated: the completion is finished after the mismatch.
         if (J.K == LifeIncident::ReleaseWhileExposed && S.Mismatch) {
@@ -1050,6 +1148,7 @@ private:
         S.ProducingLoop = nullptr; // every iteration completed
       else
         loopReleases(W, Term, S);
+      loopInvalidates(W, Term, S);
     }
     const Expr *Cond = From.succ_size() == 2 ? From.getLastCondition() : nullptr;
     if (const auto *Switch = dyn_cast_or_null<SwitchStmt>(Term))
@@ -1653,7 +1752,14 @@ private:
     I.ErrorBranch = S.ErrorBranch;
     I.Local = W.Own;
     I.Mismatch = S.Mismatch;
+    I.OwnFailure = failedHere(W, S);
     addIncident(W, I);
+  }
+
+  /// Did this path see a post (or a helper that posts) of \p W's function
+  /// fail?
+  bool failedHere(const Walk &W, const PathState &S) const {
+    return S.Outcome == 1 && S.Tag && W.Fn->getBody() && within(W.Fn->getBody(), S.Tag);
   }
 
   void addIncident(Walk &W, const LifeIncident &I) {
@@ -1684,6 +1790,8 @@ private:
       Memo;
   std::map<const FunctionDecl *, ArgConstants> RootConstants;
   std::map<std::pair<const Stmt *, SlotKey>, const LifeEvent *> LoopRelease;
+  std::map<std::pair<const Stmt *, SlotKey>, std::pair<const LifeEvent *, bool>>
+      LoopInvalidation;
   std::deque<LifeIncident> Latent;
 };
 

@@ -48,6 +48,7 @@ enum class LifeEventKind {
   KeyStaged,        // the rkey is written into a message that is not sent yet
   Post,             // work requests are posted: staged keys leave with them
   Fresh,            // the struct holding the handle was just allocated
+  Repoint,          // the local naming that struct now names another one
 };
 
 struct LifeEvent {
@@ -71,6 +72,14 @@ struct LifeEvent {
   std::string What;        // API in messages: "ib_mr_pool_put", "kfree"
   const clang::Stmt *Via = nullptr; // a helper call the event comes from
   const clang::FunctionDecl *Callee = nullptr; // Call: the helper
+  /// Call: integer arguments that carry a handle's key (`inv_rkey(req,
+  /// mr->rkey)`), by parameter index.
+  struct KeyArg {
+    unsigned Param;
+    SlotKey Slot;
+    bool Stable; // names one handle each time (not `(*pfr)->mr->rkey`)
+  };
+  std::vector<KeyArg> KeyArgs;
   /// Expose / InvalidatePost from a post: the post call, whose failure
   /// undoes the event on the branch that tests it.
   const clang::Stmt *Post = nullptr;
@@ -106,6 +115,9 @@ struct LifeIncident {
   /// never invalidated), or null to report at the action itself.
   const clang::Stmt *Anchor = nullptr;
   const clang::FunctionDecl *AnchorFn = nullptr;
+  /// Reached after the function saw a post of its own fail and went on
+  /// releasing: its mistake, whatever state its callers entered it in.
+  bool OwnFailure = false;
 
   /// The location findings about this incident use.
   clang::SourceLocation loc() const;
