@@ -1424,7 +1424,7 @@ private:
         return std::nullopt;
       return Flip(BO->getOpcode() == BO_EQ);
     }
-    if (names(W, Cond) || holdsArray(W, Cond))
+    if (names(W, Cond) || holdsArray(W, Cond) || gateFlag(W, Cond))
       return Flip(false); // `if (mr)`: null on the else side
     // `bool __ret = !!(!mr); if (unlikely(__ret))`
     if (auto L = locationOf(Cond); L && L->Steps.empty() &&
@@ -1434,6 +1434,63 @@ private:
         return Flip(nullTest(W, Defs[0]->Value, Depth + 1));
     }
     return std::nullopt;
+  }
+
+  /// `if (!conn->ff_res_alloc) return;` in a release helper: a flag that
+  /// says the struct holds the walk's handle.
+  bool gateFlag(Walk &W, const Expr *E) {
+    auto L = locationOf(E);
+    if (!L || L->Steps.empty() || !stripExpr(E)->getType()->isIntegralOrEnumerationType())
+      return false;
+    return gatesOf(W.Slot).count(SlotKey::of(A.flow(W.Fn).resolve(*L), W.Fn)) != 0;
+  }
+
+  /// Integer fields next to a handle field that are set to a nonzero
+  /// constant only after the handle was produced (`conn->pdu_data_mr =
+  /// ibv_reg_mr(..); ...; conn->ff_res_alloc = 1;`): while they are zero,
+  /// the struct holds no handle.
+  const std::set<SlotKey> &gatesOf(const SlotKey &Slot) {
+    auto [It, New] = Gates.try_emplace(Slot);
+    if (!New || Slot.scope() != SlotKey::Scope::Field || Slot.isElement())
+      return It->second;
+    std::map<SlotKey, bool> AfterProduce;
+    for (const FunctionDecl *Fn : A.functions())
+      for (const Def &D : A.flow(Fn).defs()) {
+        if (D.K != Def::Assign || !D.Value || D.Target.Steps.empty() ||
+            !D.Target.Steps.back().Field ||
+            !D.Target.Steps.back().Field->getType()->isIntegralOrEnumerationType())
+          continue;
+        SlotKey Flag = SlotKey::of(A.flow(Fn).resolve(D.Target), Fn);
+        if (!sibling(Flag, Slot))
+          continue;
+        std::optional<int64_t> V = A.values(Fn).constant(D.Value);
+        if (!V || *V == 0)
+          continue;
+        bool After = producedBefore(Fn, Slot, D.S);
+        auto [F, Inserted] = AfterProduce.try_emplace(Flag, After);
+        F->second = F->second && After;
+      }
+    for (const auto &[Flag, Ok] : AfterProduce)
+      if (Ok)
+        It->second.insert(Flag);
+    return It->second;
+  }
+
+  /// Fields of the same struct object: `conn.ff_res_alloc` and
+  /// `conn.pdu_data_mr`.
+  static bool sibling(const SlotKey &A, const SlotKey &B) {
+    if (A.scope() != SlotKey::Scope::Field || A.record() != B.record() ||
+        A.path().size() != B.path().size() || A == B)
+      return false;
+    return std::equal(A.path().begin(), A.path().end() - 1, B.path().begin());
+  }
+
+  /// Does \p Fn produce \p Slot before \p S (in source order)?
+  bool producedBefore(const FunctionDecl *Fn, const SlotKey &Slot, const Stmt *S) {
+    return llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+      return E.K == LifeEventKind::Produce && E.Fn == Fn && E.Slot == Slot && E.S &&
+             A.sources().isBeforeInTranslationUnit(E.S->getBeginLoc(), S->getBeginLoc());
+    });
   }
 
   /// `b->pmr` for the slot `b->pmr[j]`: a NULL array holds no handle.
@@ -1790,6 +1847,7 @@ private:
       Memo;
   std::map<const FunctionDecl *, ArgConstants> RootConstants;
   std::map<std::pair<const Stmt *, SlotKey>, const LifeEvent *> LoopRelease;
+  std::map<SlotKey, std::set<SlotKey>> Gates;
   std::map<std::pair<const Stmt *, SlotKey>, std::pair<const LifeEvent *, bool>>
       LoopInvalidation;
   std::deque<LifeIncident> Latent;
