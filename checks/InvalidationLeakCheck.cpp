@@ -41,6 +41,11 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
                              "handed back");
     if (I.Anchor)
       note(A, I.At->Loc, "released here, in '" + I.At->Fn->getNameAsString() + "'");
+    // Freed first, deregistered later on the same path.
+    if (I.Invalidation && I.Invalidation->K == LifeEventKind::Deregister)
+      note(A, I.Invalidation->Loc,
+           "the memory region is deregistered only here, after its memory "
+           "was handed back");
     if (I.Exposed)
       note(A, I.Exposed->Loc,
            "rkey handed to the peer here (" + I.Exposed->What + ")");

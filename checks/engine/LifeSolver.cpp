@@ -104,12 +104,16 @@ struct PathState {
   /// Tag failed because a post inside it failed (`return ib_post_send()`
   /// in a helper): nothing it would have sent went out.
   bool PostFailed = false;
+  /// The memory behind a registration with remote rights was freed while
+  /// the registration may still stand: a deregistration later on this path
+  /// proves it did.
+  const LifeEvent *FreedLive = nullptr;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
                     Bound, Staged, Reported, ProducingLoop, WcFailed,
-                    PostFailed);
+                    PostFailed, FreedLive);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -750,6 +754,7 @@ private:
         incident(W, LifeIncident::ReleaseBeforeInvalidated, &E, S);
         S.Reported = true;
       }
+      freedBeforeDeregister(W, E, S);
       S.L = Life::Released;
       S.Pending = nullptr;
       break;
@@ -808,7 +813,41 @@ private:
     return ownProduced(S) && !S.Produced->Lazy;
   }
 
+  /// `free(b->host); ...; ibv_dereg_mr(b->mr)`: the registration stood
+  /// when its memory was freed, and the peer's key with it.
+  void freedBeforeDeregister(Walk &W, const LifeEvent &Dereg, PathState &S) {
+    const LifeEvent *Freed = S.FreedLive;
+    S.FreedLive = nullptr;
+    if (!Freed || S.Reported)
+      return;
+    LifeIncident I;
+    I.K = LifeIncident::ReleaseWhileExposed;
+    I.Slot = W.Slot;
+    I.Fn = W.Fn;
+    I.At = Freed;
+    I.Invalidation = &Dereg;
+    I.ErrorBranch = S.ErrorBranch;
+    I.Local = W.Own;
+    addIncident(W, I);
+    S.Reported = true;
+  }
+
+  /// Is \p Slot registered with remote rights by a registration whose key
+  /// stays valid until deregistration (ibv_reg_mr, not a fast-reg MR)?
+  bool remoteUntilDeregistered(const SlotKey &Slot) {
+    auto [It, New] = RemoteRegistered.try_emplace(Slot, false);
+    if (New)
+      It->second = llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+        return E.K == LifeEventKind::Produce && E.Slot == Slot && E.Remote &&
+               !E.Reusable && !E.Window && E.By == Effect::MrRegister;
+      });
+    return It->second;
+  }
+
   void release(Walk &W, const LifeEvent &E, PathState &S) {
+    if (E.K == LifeEventKind::BufferRelease && !S.FreedLive &&
+        (S.L == Life::Unknown || S.L == Life::Live) && remoteUntilDeregistered(W.Slot))
+      S.FreedLive = &E;
     // Memory that is no longer (or never was, on this path) behind the
     // handle: `ibv_rereg_mr()` moved it, or another buffer was mapped.
     if (E.K == LifeEventKind::BufferRelease && S.Bound && E.Binding &&
@@ -1848,6 +1887,7 @@ private:
   std::map<const FunctionDecl *, ArgConstants> RootConstants;
   std::map<std::pair<const Stmt *, SlotKey>, const LifeEvent *> LoopRelease;
   std::map<SlotKey, std::set<SlotKey>> Gates;
+  std::map<SlotKey, bool> RemoteRegistered;
   std::map<std::pair<const Stmt *, SlotKey>, std::pair<const LifeEvent *, bool>>
       LoopInvalidation;
   std::deque<LifeIncident> Latent;
