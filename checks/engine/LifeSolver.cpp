@@ -1372,7 +1372,10 @@ private:
   /// Only the function that sees the completion can tell its outcome: a
   /// helper it calls is judged at the call.
   bool trustsCompletion(const Walk &W, const PathState &S) {
-    return AfterUse.count(W.Slot) && !S.WcFailed && handlesCompletion(W.Fn);
+    // The invalidated rkey turned out to be another key: nothing came after
+    // an invalidation of this one.
+    return AfterUse.count(W.Slot) && !S.WcFailed && !S.Mismatch &&
+           handlesCompletion(W.Fn);
   }
 
   /// Does \p Fn receive a completion (a work completion parameter, or a
@@ -1388,6 +1391,10 @@ private:
                    PathState &S) {
     bool Negated = false;
     Cond = stripNegation(Cond, Negated);
+    if (const auto *BO = dyn_cast<BinaryOperator>(Cond); BO && BO->isLogicalOp()) {
+      compareKeysIn(W, BO, Term, Then != Negated, S);
+      return;
+    }
     auto It = LC.KeyCompares.find(Cond);
     if (It == LC.KeyCompares.end() || It->second.Slot != W.Slot)
       return;
@@ -1398,6 +1405,40 @@ private:
       S.L = Life::Exposed;
       S.Mismatch = Term;
     }
+  }
+
+  /// `unlikely(!req->mr || wc->ex.invalidate_rkey != req->mr->rkey)`,
+  /// branched on as a whole: when \p Value is false every operand is; when
+  /// an `||` holds and its other operands test the handle for NULL (false
+  /// while it is held), the key compare holds.
+  void compareKeysIn(Walk &W, const BinaryOperator *BO, const Stmt *Term, bool Value,
+                     PathState &S) {
+    llvm::SmallVector<const Expr *, 4> Ops;
+    std::function<void(const Expr *)> Flatten = [&](const Expr *E) {
+      const auto *Sub = dyn_cast<BinaryOperator>(stripExpr(E));
+      if (Sub && Sub->getOpcode() == BO->getOpcode())
+        return Flatten(Sub->getLHS()), Flatten(Sub->getRHS());
+      Ops.push_back(E);
+    };
+    Flatten(BO);
+    bool Or = BO->getOpcode() == BO_LOr;
+    if (Or != Value) { // every operand has the value of the whole
+      for (const Expr *Op : Ops)
+        compareKeys(W, Op, Term, Value, S);
+      return;
+    }
+    if (!Or || !holds(S.L))
+      return;
+    const Expr *Rest = nullptr;
+    for (const Expr *Op : Ops) {
+      if (nullTest(W, Op) == std::optional<bool>(true))
+        continue; // `!req->mr`: false while the handle is held
+      if (Rest)
+        return; // two operands that may hold
+      Rest = Op;
+    }
+    if (Rest)
+      compareKeys(W, Rest, Term, true, S);
   }
 
   const Expr *stripNegation(const Expr *Cond, bool &Negated) {
@@ -1612,8 +1653,11 @@ private:
     if (!RS || !RS->getRetValue())
       return S.ErrorBranch != nullptr;
     const Expr *V = stripExpr(RS->getRetValue());
+    // `return false;` of a bool function: C's `false` is an int 0.
     if (auto C = A.values(W.Fn).constant(V))
-      return V->getType()->isBooleanType() ? *C == 0 : *C < 0;
+      return V->getType()->isBooleanType() || W.Fn->getReturnType()->isBooleanType()
+                 ? *C == 0
+                 : *C < 0;
     if (const auto *UO = dyn_cast<UnaryOperator>(V))
       if (UO->getOpcode() == UO_Minus)
         return true;
