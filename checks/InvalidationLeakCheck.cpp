@@ -7,14 +7,14 @@ using namespace clang;
 
 namespace ulplint {
 
-static std::string releaseText(const LifeEvent &E) {
+static std::string releaseText(const LifeEvent &E, const std::string &What) {
   switch (E.K) {
   case LifeEventKind::BufferRelease:
-    return "'" + E.What + "' releases the memory behind";
+    return "'" + What + "' releases the memory behind";
   case LifeEventKind::ContainerRelease:
-    return "'" + E.What + "' recycles the request that holds";
+    return "'" + What + "' recycles the request that holds";
   default:
-    return "'" + E.What + "' releases";
+    return "'" + What + "' releases";
   }
 }
 
@@ -31,16 +31,17 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
       continue;
     std::string Msg =
         I.K == LifeIncident::ReleaseWhileExposed
-            ? releaseText(*I.At) + " a memory region whose rkey is still valid "
+            ? releaseText(*I.At, I.what()) + " a memory region whose rkey is still valid "
                                    "for the peer: no LOCAL_INV or checked remote "
                                    "invalidation on this path"
-            : releaseText(*I.At) + " a memory region without invalidating its "
+            : releaseText(*I.At, I.what()) + " a memory region without invalidating its "
                                    "rkey on some paths, while other paths of this "
                                    "function invalidate it first";
     report(A, I.loc(), Msg + "; the peer keeps access to memory that is "
                              "handed back");
     if (I.Anchor)
-      note(A, I.At->Loc, "released here, in '" + I.At->Fn->getNameAsString() + "'");
+      note(A, I.At->Loc, "released here, by '" + I.At->What + "' in '" +
+                             I.At->Fn->getNameAsString() + "'");
     // Freed first, deregistered later on the same path.
     if (I.Invalidation && I.Invalidation->K == LifeEventKind::Deregister)
       note(A, I.Invalidation->Loc,
@@ -79,7 +80,7 @@ void InvalidationLeakCheck::reportAcrossUnits(
     // question of order the paths answer; never deregistering is not.
     if (Buffer && L.has(E.Slot, LifeEventKind::Deregister))
       continue;
-    std::string Msg = releaseText(E) +
+    std::string Msg = releaseText(E, E.What) +
                       " a memory region registered for remote access, and "
                       "nothing invalidates its rkey (no LOCAL_INV, no checked "
                       "remote invalidation" +

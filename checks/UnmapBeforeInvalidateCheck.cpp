@@ -14,9 +14,12 @@ void UnmapBeforeInvalidateCheck::run(const TuAnalysis &A) {
     std::string How = I.Invalidation->Signaled ? "a LOCAL_INV that nothing waits for"
                                                : "an unsignaled LOCAL_INV";
     report(A, I.loc(),
-           "'" + I.At->What + "' runs right after posting " + How +
+           "'" + I.what() + "' runs right after posting " + How +
                "; until the invalidation completes the peer can still access "
                "the memory being released");
+    if (I.Anchor)
+      note(A, I.At->Loc, "released here, by '" + I.At->What + "' in '" +
+                             I.At->Fn->getNameAsString() + "'");
     note(A, I.Invalidation->Loc, "LOCAL_INV posted here");
   }
 }

@@ -1970,6 +1970,14 @@ SourceLocation LifeIncident::loc() const {
   return Exit ? Exit->getBeginLoc() : SourceLocation();
 }
 
+std::string LifeIncident::what() const {
+  // Reported at a helper call: the helper is what the reader sees there.
+  if (const auto *CE = dyn_cast_or_null<CallExpr>(Anchor))
+    if (const FunctionDecl *Callee = CE->getDirectCallee())
+      return Callee->getNameAsString();
+  return At ? At->What : std::string();
+}
+
 void Lifecycle::reportIncomplete() const {
   UnitFacts *Sink = currentFacts();
   if (!Sink)

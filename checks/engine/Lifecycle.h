@@ -121,6 +121,9 @@ struct LifeIncident {
 
   /// The location findings about this incident use.
   clang::SourceLocation loc() const;
+  /// The call named at loc(): the helper when reported at its call,
+  /// otherwise the API that releases.
+  std::string what() const;
 };
 
 class Lifecycle {

@@ -135,8 +135,8 @@ void dsi_unmap(struct dsi_chan *ch, struct dsi_req *req)
 			queue_work(system_wq, &ch->reset_work);
 	if (req->ndesc)
 		dsi_pool_put(ch->pool, req->descs, req->ndesc);
-	// CHECK-MESSAGES: :[[@LINE-1]]:3: warning: 'list_add' recycles the request that holds a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
-	// CHECK-MESSAGES: :[[@LINE-2]]:3: warning: 'list_add' runs right after posting a LOCAL_INV that nothing waits for; until the invalidation completes the peer can still access the memory being released [rdma-unmap-before-invalidate]
+	// CHECK-MESSAGES: :[[@LINE-1]]:3: warning: 'dsi_pool_put' recycles the request that holds a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+	// CHECK-MESSAGES: :[[@LINE-2]]:3: warning: 'dsi_pool_put' runs right after posting a LOCAL_INV that nothing waits for; until the invalidation completes the peer can still access the memory being released [rdma-unmap-before-invalidate]
 	req->ndesc = 0;
 	ib_dma_unmap_sg(ch->dev, dsi_cmd_sg(req->cmd), req->cmd->nents, DMA_BIDIRECTIONAL);
 }
