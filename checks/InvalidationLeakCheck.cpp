@@ -40,8 +40,7 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
     report(A, I.loc(), Msg + "; the peer keeps access to memory that is "
                              "handed back");
     if (I.Anchor)
-      note(A, I.At->Loc, "released here, by '" + I.At->What + "' in '" +
-                             I.At->Fn->getNameAsString() + "'");
+      note(A, I.At->Loc, I.releasedHere());
     // Freed first, deregistered later on the same path.
     if (I.Invalidation && I.Invalidation->K == LifeEventKind::Deregister)
       note(A, I.Invalidation->Loc,

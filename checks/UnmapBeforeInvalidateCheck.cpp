@@ -18,8 +18,7 @@ void UnmapBeforeInvalidateCheck::run(const TuAnalysis &A) {
                "; until the invalidation completes the peer can still access "
                "the memory being released");
     if (I.Anchor)
-      note(A, I.At->Loc, "released here, by '" + I.At->What + "' in '" +
-                             I.At->Fn->getNameAsString() + "'");
+      note(A, I.At->Loc, I.releasedHere());
     note(A, I.Invalidation->Loc, "LOCAL_INV posted here");
   }
 }

@@ -1037,18 +1037,15 @@ private:
     if (It != LoopRelease.end())
       return It->second;
     const LifeEvent *Found = nullptr;
-    SourceRange Body = Loop->getSourceRange();
-    const SourceManager &SM = A.sources();
     for (const LifeEvent &E : LC.Events) {
-      if (E.Fn != W.Fn || !E.S ||
-          !SM.isPointWithin(E.S->getBeginLoc(), Body.getBegin(), Body.getEnd()))
+      if (E.Fn != W.Fn || !E.S || !within(Loop, E.S))
         continue;
-      // Named through the loop's index (`mrs[i]`, a cursor): each round
-      // releases another one.
       // A release on a branch that then leaves the loop undoes one round
       // (`if (map fails) { put(d); return; }`), it unwinds nothing.
       if (leavesLoopAfter(W.Fn, Loop, E.S))
         continue;
+      // Named through the loop's index (`mrs[i]`, a cursor): each round
+      // releases another one.
       if ((E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release ||
            E.K == LifeEventKind::ContainerRelease) &&
           E.Slot == W.Slot && !E.Stable)
@@ -1968,6 +1965,10 @@ SourceLocation LifeIncident::loc() const {
   if (At)
     return At->Loc;
   return Exit ? Exit->getBeginLoc() : SourceLocation();
+}
+
+std::string LifeIncident::releasedHere() const {
+  return "released here, by '" + At->What + "' in '" + At->Fn->getNameAsString() + "'";
 }
 
 std::string LifeIncident::what() const {

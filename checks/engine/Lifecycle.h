@@ -124,6 +124,8 @@ struct LifeIncident {
   /// The call named at loc(): the helper when reported at its call,
   /// otherwise the API that releases.
   std::string what() const;
+  /// Note text for the release inside the helper reported at its call.
+  std::string releasedHere() const;
 };
 
 class Lifecycle {
