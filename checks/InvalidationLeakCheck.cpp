@@ -31,12 +31,12 @@ void InvalidationLeakCheck::run(const TuAnalysis &A) {
       continue;
     std::string Msg =
         I.K == LifeIncident::ReleaseWhileExposed
-            ? releaseText(*I.At, I.what()) + " a memory region whose rkey is still valid "
-                                   "for the peer: no LOCAL_INV or checked remote "
-                                   "invalidation on this path"
-            : releaseText(*I.At, I.what()) + " a memory region without invalidating its "
-                                   "rkey on some paths, while other paths of this "
-                                   "function invalidate it first";
+            ? releaseText(*I.At, I.what()) + " a " + I.handleNoun() +
+                  " whose rkey is still valid for the peer: no LOCAL_INV or "
+                  "checked remote invalidation on this path"
+            : releaseText(*I.At, I.what()) + " a " + I.handleNoun() +
+                  " without invalidating its rkey on some paths, while other "
+                  "paths of this function invalidate it first";
     report(A, I.loc(), Msg + "; the peer keeps access to memory that is "
                              "handed back");
     if (I.Anchor)

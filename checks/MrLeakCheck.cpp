@@ -8,10 +8,6 @@ using namespace clang;
 
 namespace ulplint {
 
-static std::string handleWord(const LifeEvent *Produced) {
-  return Produced && Produced->Window ? "memory window" : "memory region";
-}
-
 void MrLeakCheck::run(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
   std::set<std::pair<unsigned, SlotKey>> Reported; // one finding per place
@@ -19,7 +15,7 @@ void MrLeakCheck::run(const TuAnalysis &A) {
     if ((I.K == LifeIncident::LeakAtReturn || I.K == LifeIncident::LeakOverwrite) &&
         !Reported.insert({I.loc().getRawEncoding(), I.Slot}).second)
       continue;
-    std::string What = handleWord(I.Produced);
+    std::string What = I.handleNoun();
     std::string From = I.Produced ? " from '" + I.Produced->What + "'" : "";
     if (I.K == LifeIncident::LeakAtReturn) {
       SourceLocation Loc = I.Exit ? I.Exit->getBeginLoc() : I.Fn->getEndLoc();
@@ -78,7 +74,7 @@ void MrLeakCheck::reportNeverReleased(const TuAnalysis &A, const Lifecycle &L) {
       Released |= L.has(E.Slot, K);
     if (Released)
       continue;
-    std::string Message = "the " + handleWord(&E) + " from '" + E.What +
+    std::string Message = "the " + std::string(E.Window ? "memory window" : "memory region") + " from '" + E.What +
                           "' is stored in '" + E.Slot.str() +
                           "' but nothing releases it, while the handles next "
                           "to it are released; it leaks";

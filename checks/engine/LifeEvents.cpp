@@ -226,6 +226,47 @@ public:
             bufferOf(Fn, Mem, *Slot, C.Call);
       }
     }
+    windowBuffers(Fn);
+  }
+
+  /// The memory a window is bound over (`bind_info.addr`), in a bind work
+  /// request, an `ibv_bind_mw()` or an `ibv_wr_bind_mw()`.
+  void windowBuffers(const FunctionDecl *Fn) {
+    const FunctionFlow &Flow = A.flow(Fn);
+    auto Inside = [&](const Location &Part, const Location &Whole) {
+      Location P = Flow.resolve(Part), W = Flow.resolve(Whole);
+      return P.Root == W.Root && P.Steps.size() >= W.Steps.size() &&
+             std::equal(W.Steps.begin(), W.Steps.end(), P.Steps.begin());
+    };
+    for (const FieldStore &Addr : A.stores()) {
+      if (Addr.Fn != Fn || Addr.Role != FieldRole::BindAddr || !Addr.Value)
+        continue;
+      for (const FieldStore &Mw : A.stores())
+        if (Mw.Fn == Fn && Mw.Role == FieldRole::BindMw && Mw.Value &&
+            Inside(Addr.Object, Mw.Object))
+          if (auto Slot = handleSlot(Fn, Mw.Value))
+            bufferOf(Fn, Addr.Value, *Slot, nullptr, /*Window=*/true);
+      for (const ApiCall &C : A.calls()) {
+        if (C.Caller != Fn)
+          continue;
+        const Expr *Bind = C.Model->E == Effect::MwBind ? C.arg(ArgRole::Bind)
+                           : C.Model->Op == Opcode::BindMw ? C.arg(ArgRole::BindInfo)
+                                                           : nullptr;
+        std::optional<Location> Arg = Bind ? locationOf(addressee(Bind)) : std::nullopt;
+        if (Arg && Inside(Addr.Object, *Arg))
+          if (auto Slot = handleSlot(Fn, C.arg(ArgRole::Mw)))
+            bufferOf(Fn, Addr.Value, *Slot, nullptr, /*Window=*/true);
+      }
+    }
+  }
+
+  /// `&bind`: the object a pointer argument names.
+  static const Expr *addressee(const Expr *E) {
+    E = stripExpr(E);
+    if (const auto *UO = dyn_cast_or_null<UnaryOperator>(E);
+        UO && UO->getOpcode() == UO_AddrOf)
+      return UO->getSubExpr();
+    return E;
   }
 
   void extract(const FunctionDecl *Fn) {
@@ -519,12 +560,26 @@ private:
       // Reading a pointer's error state neither keeps nor frees the handle.
       break;
     case Effect::MemoryZero:
-      // Outside the lifecycle; a handle passed here is treated like one
-      // passed to any function of another unit.
+      zeroed(Fn, CE, C.arg(ArgRole::Buffer));
+      // A handle passed here is treated like one passed to any function
+      // of another unit.
       helperOrUnknown(Fn, CE);
       break;
     default:
       break;
+    }
+  }
+
+  /// `memset(s, 0, sizeof(*s))`: the handles the struct holds, in its
+  /// arrays of structs too, are NULL now.
+  void zeroed(const FunctionDecl *Fn, const CallExpr *CE, const Expr *Arg) {
+    std::optional<Location> Object = Arg ? locationOf(stripExpr(Arg)) : std::nullopt;
+    if (!Object || !Object->Steps.empty())
+      return;
+    for (const SlotKey &Slot : handleSlotsWithin(Fn, *Object, /*Arrays=*/true)) {
+      LifeEvent E = event(LifeEventKind::Clear, Slot, Fn, CE, CE->getBeginLoc(), "memset");
+      E.Stable = stable(Fn, *Object);
+      add(E);
     }
   }
 
@@ -618,9 +673,15 @@ private:
   /// Remembers the memory behind a handle (ibv_reg_mr's addr, the sg list
   /// given to ib_map_mr_sg) to recognise its unmap or free later.
   void bufferOf(const FunctionDecl *Fn, const Expr *Buf, const SlotKey &Slot,
-                const Stmt *Binding) {
+                const Stmt *Binding, bool Window = false) {
+    // `copy ? m->bounce : buf`: either buffer may be behind the handle.
+    if (const auto *CO = dyn_cast_or_null<ConditionalOperator>(stripExpr(Buf))) {
+      bufferOf(Fn, CO->getTrueExpr(), Slot, Binding, Window);
+      bufferOf(Fn, CO->getFalseExpr(), Slot, Binding, Window);
+      return;
+    }
     if (auto Loc = memoryOf(Buf))
-      Buffers.push_back({*Loc, Fn, Slot, Binding});
+      Buffers.push_back({*Loc, Fn, Slot, Binding, Window});
   }
 
   /// The storage a pointer into memory names: `buf`, `b->host + off`,
@@ -669,11 +730,12 @@ private:
       return;
     if (EntryOfContainer && !Freed->Steps.empty())
       Freed->Steps.pop_back(); // &req->node: the request
-    for (const auto &[Buf, BufFn, Slot, Binding] : Buffers)
+    for (const auto &[Buf, BufFn, Slot, Binding, Window] : Buffers)
       if (A.sameStorage(*Freed, Fn, Buf, BufFn)) {
         LifeEvent E = event(LifeEventKind::BufferRelease, Slot, Fn, CE,
                             CE->getBeginLoc(), Name);
         E.Binding = Binding;
+        E.Window = Window;
         E.Stable = stable(Fn, *Freed);
         add(E);
       }
@@ -720,7 +782,7 @@ private:
       std::optional<Location> Old = locationOf(D.Value);
       return Old && A.sameStorage(*Old, Fn, Head, Fn);
     });
-    if (!Linked)
+    if (!Linked || indexList(Fn, Item->Root, BO))
       return;
     for (const SlotKey &Slot : handleSlotsWithin(Fn, *Item)) {
       // An item whose handle this function just produced is being handed
@@ -735,9 +797,55 @@ private:
     }
   }
 
+  /// The list \p Push puts \p Item on keeps items in use (an LRU, a
+  /// lookup index), not free ones: after the push the item is handed out,
+  /// by this function or by a caller of this helper.
+  bool indexList(const FunctionDecl *Fn, const ValueDecl *Item, const Stmt *Push) {
+    if (handedOutAfter(Fn, Item, Push->getEndLoc()))
+      return true;
+    const auto *P = dyn_cast<ParmVarDecl>(Item);
+    if (!P)
+      return false;
+    unsigned Index = P->getFunctionScopeIndex();
+    for (const auto &[CE, Caller] : A.callersOf(Fn)) {
+      if (Index >= CE->getNumArgs())
+        continue;
+      std::optional<Location> Arg = locationOf(CE->getArg(Index));
+      if (Arg && Arg->Steps.empty() && handedOutAfter(Caller, Arg->Root, CE->getEndLoc()))
+        return true;
+    }
+    return false;
+  }
+
+  /// `return r;` or `*out = r;` after \p After in \p Fn.
+  bool handedOutAfter(const FunctionDecl *Fn, const ValueDecl *Item, SourceLocation After) {
+    auto IsItem = [&](const Expr *E) {
+      std::optional<Location> L = E ? locationOf(E) : std::nullopt;
+      return L && L->Root == Item && L->Steps.empty();
+    };
+    auto Later = [&](const Stmt *S) {
+      return A.sources().isBeforeInTranslationUnit(After, S->getBeginLoc());
+    };
+    for (const Def &D : A.flow(Fn).defs())
+      if (D.K == Def::Assign && D.S && Later(D.S) && IsItem(D.Value) &&
+          isa_and_nonnull<ParmVarDecl>(D.Target.Root) && D.Target.Steps.size() == 1 &&
+          !D.Target.Steps[0].Field)
+        return true;
+    for (const CFGBlock *B : *A.flow(Fn).cfg())
+      for (const CFGElement &El : *B)
+        if (auto CS = El.getAs<CFGStmt>())
+          if (const auto *RS = dyn_cast<ReturnStmt>(CS->getStmt());
+              RS && Later(RS) && IsItem(RS->getRetValue()))
+            return true;
+    return false;
+  }
+
   /// Slots of handles the unit stores inside \p Container.
+  /// With \p Arrays, also the handles of structs in the container's
+  /// arrays (`s->clients[i].mw`).
   std::vector<SlotKey> handleSlotsWithin(const FunctionDecl *Fn,
-                                         const Location &Container) {
+                                         const Location &Container,
+                                         bool Arrays = false) {
     std::vector<SlotKey> Found;
     auto Inside = [&](const SlotKey &Slot) {
       if (!Container.Steps.empty()) {
@@ -773,7 +881,7 @@ private:
     }
     if (!T.isNull() && T->isPointerType())
       if (const RecordDecl *RD = T->getPointeeType()->getAsRecordDecl())
-        handleFields(Fn, Resolved, RD, 0, Found);
+        handleFields(Fn, Resolved, RD, 0, Found, Arrays);
     return Found;
   }
 
@@ -781,7 +889,7 @@ private:
   /// (`ibmr->u.frmr.mr`), as slots of the object \p Object names.
   void handleFields(const FunctionDecl *Fn, const Location &Object,
                     const RecordDecl *RD, unsigned Depth,
-                    std::vector<SlotKey> &Found) {
+                    std::vector<SlotKey> &Found, bool Arrays = false) {
     if (!(RD = RD ? RD->getDefinition() : nullptr) || Depth > 3)
       return;
     for (const FieldDecl *F : RD->fields()) {
@@ -792,7 +900,13 @@ private:
         if (Slot.isShared() && !llvm::is_contained(Found, Slot))
           Found.push_back(Slot);
       } else if (const RecordDecl *Inner = F->getType()->getAsRecordDecl()) {
-        handleFields(Fn, Field, Inner, Depth + 1, Found);
+        handleFields(Fn, Field, Inner, Depth + 1, Found, Arrays);
+      } else if (const auto *AT = F->getType()->getAsArrayTypeUnsafe();
+                 AT && Arrays) {
+        if (const RecordDecl *Elem = AT->getElementType()->getAsRecordDecl()) {
+          Field.Steps.push_back({nullptr});
+          handleFields(Fn, Field, Elem, Depth + 1, Found, Arrays);
+        }
       }
     }
   }
@@ -1019,7 +1133,9 @@ private:
   const WorkRequests &W;
   llvm::DenseMap<const CallExpr *, const ApiCall *> CallModel;
   llvm::DenseMap<const CallExpr *, const PostSite *> Posts;
-  std::vector<std::tuple<Location, const FunctionDecl *, SlotKey, const Stmt *>>
+  /// Memory behind a handle: where, named in which function, the handle,
+  /// the registration that put it there, and whether the handle is a window.
+  std::vector<std::tuple<Location, const FunctionDecl *, SlotKey, const Stmt *, bool>>
       Buffers;
   std::vector<LifeEvent> KeyLeaves;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, Location, std::string>>

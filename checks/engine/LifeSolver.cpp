@@ -1115,7 +1115,11 @@ private:
       if (N.Pending && N.Pending != S.Pending)
         N.Pending = latent(boundIncident(*N.Pending, S, CE));
       if (Both) {
-        if (HandOff && X.Error && N.L == S.L) {
+        // `if (post(..) || wait_for(..))`: a waiting helper that fails saw
+        // the request this path posted complete in error, or not at all.
+        bool WaitFailed = S.Tag && S.Tag != CE && S.Outcome != 1 &&
+                          waitsFor(E.Callee);
+        if ((HandOff || WaitFailed) && X.Error && N.L == S.L) {
           N.L = S.Undo; // as undoTag(S): the caller's state before the call
           N.Exposed = S.UndoExposed;
           N.PostFailed = true;
@@ -1619,6 +1623,19 @@ private:
     return std::nullopt;
   }
 
+  /// Does \p Fn (or a helper it calls) wait for completions?
+  bool waitsFor(const FunctionDecl *Fn, unsigned Depth = 0) {
+    auto [It, New] = Waits.try_emplace(Fn, false);
+    if (!New || Depth > budget::CallDepth)
+      return It->second;
+    bool Found = llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+      return E.Fn == Fn && (E.K == LifeEventKind::Wait ||
+                            (E.K == LifeEventKind::Call && E.Callee != Fn &&
+                             waitsFor(E.Callee, Depth + 1)));
+    });
+    return Waits[Fn] = Found;
+  }
+
   bool waitsWithTimeout(const Stmt *Call) {
     const auto *CE = dyn_cast<CallExpr>(Call);
     const FunctionModel *M = CE ? A.modelOf(CE) : nullptr;
@@ -1929,6 +1946,7 @@ private:
   std::map<std::pair<const Stmt *, SlotKey>, const LifeEvent *> LoopRelease;
   std::map<SlotKey, std::set<SlotKey>> Gates;
   std::map<SlotKey, bool> RemoteRegistered;
+  std::map<const FunctionDecl *, bool> Waits; // waitsFor()
   std::map<std::pair<const Stmt *, SlotKey>, std::pair<const LifeEvent *, bool>>
       LoopInvalidation;
   std::deque<LifeIncident> Latent;
@@ -1969,6 +1987,11 @@ SourceLocation LifeIncident::loc() const {
 
 std::string LifeIncident::releasedHere() const {
   return "released here, by '" + At->What + "' in '" + At->Fn->getNameAsString() + "'";
+}
+
+const char *LifeIncident::handleNoun() const {
+  bool Window = (Produced && Produced->Window) || (At && At->Window);
+  return Window ? "memory window" : "memory region";
 }
 
 std::string LifeIncident::what() const {

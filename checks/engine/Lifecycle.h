@@ -126,6 +126,8 @@ struct LifeIncident {
   std::string what() const;
   /// Note text for the release inside the helper reported at its call.
   std::string releasedHere() const;
+  /// "memory window" or "memory region", for messages.
+  const char *handleNoun() const;
 };
 
 class Lifecycle {
