@@ -32,10 +32,14 @@ void MrLeakCheck::run(const TuAnalysis &A) {
              I.At->K == LifeEventKind::ContainerRelease
                  ? "'" + I.At->What + "' frees the struct that still holds a " +
                        What + From + "; it leaks"
-                 : "the " + What + From + " is overwritten while still held; "
-                   "it leaks");
+                 : I.Produced ? "the " + What + From +
+                                    " is overwritten while still held; it leaks"
+                              : "'" + I.Slot.str() + "' is overwritten while it "
+                                "still holds a " + What + "; it leaks");
       if (I.Produced)
         note(A, I.Produced->Loc, What + " obtained here");
+      else if (I.HeldAt)
+        note(A, I.HeldAt->getBeginLoc(), "this path saw the " + What + " here");
     }
   }
   reportNeverReleased(A, L);

@@ -108,12 +108,15 @@ struct PathState {
   /// the registration may still stand: a deregistration later on this path
   /// proves it did.
   const LifeEvent *FreedLive = nullptr;
+  /// Where this path learned that a handle it did not produce is there:
+  /// the slot tested non-null, its key read, its memory freed.
+  const Stmt *HeldAt = nullptr;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
                     Bound, Staged, Reported, ProducingLoop, WcFailed,
-                    PostFailed, FreedLive);
+                    PostFailed, FreedLive, HeldAt);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -527,6 +530,13 @@ private:
     X.Pending = X.Pending ? X.Pending : Caller.Pending;
     X.Staged = X.Staged ? X.Staged : Caller.Staged;
     X.Reported = X.Reported || Caller.Reported;
+    // What only the caller can know survives a helper that left the
+    // caller's handle in place: the loop iteration that produced it, the
+    // evidence that it holds one.
+    if (X.Produced == Caller.Produced && !X.ProducingLoop)
+      X.ProducingLoop = Caller.ProducingLoop;
+    if (X.Produced == Caller.Produced && !X.HeldAt)
+      X.HeldAt = Caller.HeldAt;
     return X;
   }
 
@@ -710,6 +720,8 @@ private:
     case LifeEventKind::Produce:
       if (holds(S.L) && ownProduced(S) && E.Stable && S.Produced->Stable)
         incident(W, LifeIncident::LeakOverwrite, &E, S);
+      else if (holds(S.L) && !ownProduced(S) && S.HeldAt)
+        incident(W, LifeIncident::LeakOverwrite, &E, S);
       S = PathState();
       S.L = Life::Live;
       S.Produced = &E;
@@ -728,10 +740,12 @@ private:
       S.L = Life::Unknown;
       break;
     case LifeEventKind::KeyStaged:
+      provenHeld(W, S, E.S);
       if (S.L == Life::Live)
         S.Staged = &E;
       break;
     case LifeEventKind::Expose:
+      provenHeld(W, S, E.S);
       remember(S, E);
       // A handle already handed to a struct stays the struct's to release.
       if (S.L != Life::Escaped)
@@ -768,6 +782,11 @@ private:
       if (holds(S.L) && ownProduced(S) && S.Produced->Stable &&
           (E.K == LifeEventKind::Clear || E.Stable))
         incident(W, LifeIncident::LeakOverwrite, &E, S);
+      // A handle this path found there (`if (!r->mr) continue; ...
+      // r->mr = NULL;`), dropped without its release.
+      else if (holds(S.L) && !ownProduced(S) && S.HeldAt)
+        incident(W, LifeIncident::LeakOverwrite, &E, S);
+      S.HeldAt = nullptr;
       S.L = E.K == LifeEventKind::Clear ? Life::None : Life::Unknown;
       S.Produced = nullptr;
       S.Pending = nullptr;
@@ -805,6 +824,26 @@ private:
   /// The handle was produced on this walk's path (not before the function).
   static bool ownProduced(const PathState &S) {
     return S.Produced && S.Produced != &EntryMarker;
+  }
+
+  /// Evidence at \p At that the slot holds a handle this path did not
+  /// produce: the resting state it started from is real here. Kept only
+  /// where the function may drop the handle, so as not to split paths.
+  void provenHeld(const Walk &W, PathState &S, const Stmt *At) {
+    if (holds(S.L) && !ownProduced(S) && !S.HeldAt && dropsSlot(W.Fn, W.Slot))
+      S.HeldAt = At;
+  }
+
+  /// Does \p Fn overwrite, clear or re-produce \p Slot itself?
+  bool dropsSlot(const FunctionDecl *Fn, const SlotKey &Slot) {
+    auto [It, New] = Drops.try_emplace({Fn, Slot}, false);
+    if (New)
+      It->second = llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+        return E.Fn == Fn && E.Slot == Slot &&
+               (E.K == LifeEventKind::Clear || E.K == LifeEventKind::Overwrite ||
+                E.K == LifeEventKind::Produce);
+      });
+    return It->second;
   }
 
   /// A handle produced here that nothing else keeps: not a cache entry
@@ -853,6 +892,8 @@ private:
     if (E.K == LifeEventKind::BufferRelease && S.Bound && E.Binding &&
         S.Bound != E.Binding)
       return;
+    if (E.K == LifeEventKind::BufferRelease)
+      provenHeld(W, S, E.S);
     auto &[Invalidated, Bare] = W.Releases[&E];
     if (holds(S.L) || S.L == Life::Unknown)
       LC.Holding.insert(&E);
@@ -1182,8 +1223,14 @@ private:
     const Stmt *Term = From.getTerminatorStmt();
     // Leaving an unwinding loop: every element it releases is released,
     // whatever the count (the body's own path reports its incidents).
-    if (Term && Index == 1 &&
-        (isa<ForStmt>(Term) || isa<WhileStmt>(Term) || isa<DoStmt>(Term))) {
+    bool LoopTest = Term && (isa<ForStmt>(Term) || isa<WhileStmt>(Term) || isa<DoStmt>(Term));
+    // An element seen in one iteration says nothing of the next one's.
+    if (LoopTest && W.Slot.isElement())
+      S.HeldAt = nullptr;
+    // Around again: the element held now belongs to a finished iteration.
+    if (LoopTest && Index == 0 && Term == S.ProducingLoop)
+      S.ProducingLoop = nullptr;
+    if (LoopTest && Index == 1) {
       if (Term == S.ProducingLoop)
         S.ProducingLoop = nullptr; // every iteration completed
       else
@@ -1198,12 +1245,15 @@ private:
     bool Then = Index == 0;
     if (std::optional<bool> Holds = constantTest(W, Cond); Holds && *Holds != Then)
       return false; // `if (can_wait)` with the caller's `true`
-    if (auto Null = nullTest(W, Cond))
+    if (auto Null = nullTest(W, Cond)) {
       if (*Null == Then && S.L != Life::Escaped) {
         S.L = Life::None;
         S.Produced = nullptr;
         S.Pending = nullptr;
+      } else if (*Null != Then) {
+        provenHeld(W, S, Cond);
       }
+    }
     if (S.Tag)
       if (auto Failed = failedCall(W, Cond, S.Tag)) {
         bool FailedHere = *Failed == Then;
@@ -1906,6 +1956,7 @@ private:
     I.ErrorBranch = S.ErrorBranch;
     I.Local = W.Own;
     I.Mismatch = S.Mismatch;
+    I.HeldAt = S.HeldAt;
     I.OwnFailure = failedHere(W, S);
     addIncident(W, I);
   }
@@ -1927,6 +1978,7 @@ private:
   const TuAnalysis &A;
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
+  std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Drops;
   /// Slots the unit invalidates after an I/O, not only before reuse.
   std::set<SlotKey> AfterUse;
   std::set<int64_t> InvTags;

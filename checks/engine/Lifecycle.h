@@ -108,6 +108,9 @@ struct LifeIncident {
   /// ReleaseAfterMismatch: the branch where the invalidated rkey was found
   /// to be another key.
   const clang::Stmt *Mismatch = nullptr;
+  /// LeakOverwrite of a handle the function did not produce: where the
+  /// path learned it was there (a non-null test, its key read).
+  const clang::Stmt *HeldAt = nullptr;
   /// The call through which a root reached this incident in a helper.
   const clang::Stmt *Via = nullptr;
   /// Where to report: the call, in the function whose state made the
