@@ -194,6 +194,28 @@ std::optional<SlotKey> KeyTracker::keyParameter(const FunctionDecl *Fn,
   return SlotKey::of(R, Fn);
 }
 
+std::optional<SlotKey> KeyTracker::soleHandleNextTo(const FunctionDecl *Fn,
+                                                    const Expr *E) const {
+  std::optional<Location> Loc = E ? locationOf(stripExpr(E)) : std::nullopt;
+  if (!Loc)
+    return std::nullopt;
+  Location R = A.flow(Fn).resolve(*Loc);
+  if (R.Steps.empty() || !R.Steps.back().Field ||
+      !R.Steps.back().Field->getType()->isIntegerType())
+    return std::nullopt;
+  const FieldDecl *Handle = nullptr;
+  for (const FieldDecl *F : R.Steps.back().Field->getParent()->fields())
+    if (isHandleType(A, F->getType())) {
+      if (Handle)
+        return std::nullopt; // several: which one is unknown
+      Handle = F;
+    }
+  if (!Handle)
+    return std::nullopt;
+  R.Steps.back().Field = Handle;
+  return SlotKey::of(R, Fn);
+}
+
 //===-- Extraction --------------------------------------------------------===//
 
 /// Builds the events of one unit.
@@ -361,10 +383,34 @@ private:
     KeyUse Use = rkeyUse(A, Fn, ME);
     if (Use == KeyUse::Local)
       return;
-    KeyLeaves.push_back(event(Use == KeyUse::Staged ? LifeEventKind::KeyStaged
-                                                    : LifeEventKind::Expose,
-                              slotOf(A, Member->Object, Fn), Fn, ME,
-                              ME->getBeginLoc(), "rkey"));
+    LifeEvent E = event(Use == KeyUse::Staged ? LifeEventKind::KeyStaged
+                                              : LifeEventKind::Expose,
+                        slotOf(A, Member->Object, Fn), Fn, ME, ME->getBeginLoc(), "rkey");
+    E.Outward = Use == KeyUse::Staged && storedOutward(Fn, ME);
+    KeyLeaves.push_back(E);
+  }
+
+  /// Is the key read \p Read assigned (through conversions) into memory
+  /// the function's caller or other code sees: `d->rkey = htobe32(..)` with
+  /// `d` a pointer parameter, or a global?
+  bool storedOutward(const FunctionDecl *Fn, const Expr *Read) {
+    const ParentMap &PM = A.flow(Fn).parents();
+    const Stmt *Child = Read;
+    for (const Stmt *P = PM.getParent(Read); P; Child = P, P = PM.getParent(P)) {
+      if (const auto *BO = dyn_cast<BinaryOperator>(P)) {
+        if (!BO->isAssignmentOp() || BO->getRHS() != Child)
+          return false;
+        std::optional<Location> To = locationOf(BO->getLHS());
+        if (!To || To->Steps.empty())
+          return false;
+        const auto *VD = dyn_cast_or_null<VarDecl>(A.flow(Fn).resolve(*To).Root);
+        return VD && (VD->hasGlobalStorage() ||
+                      (isa<ParmVarDecl>(VD) && VD->getType()->isPointerType()));
+      }
+      if (!isa<Expr>(P) || isa<ConditionalOperator>(P))
+        return false; // a statement: not stored here
+    }
+    return false;
   }
 
 public:
@@ -684,6 +730,11 @@ private:
       Buffers.push_back({*Loc, Fn, Slot, Binding, Window});
   }
 
+  /// Does the unit name the memory behind \p Slot anywhere?
+  bool hasBuffer(const SlotKey &Slot) const {
+    return llvm::any_of(Buffers, [&](const auto &B) { return std::get<2>(B) == Slot; });
+  }
+
   /// The storage a pointer into memory names: `buf`, `b->host + off`,
   /// `&ring[i]`, `(void *)(uintptr_t)p` all name their base.
   static std::optional<Location> memoryOf(const Expr *E) {
@@ -741,16 +792,22 @@ private:
       }
     // `ib_dma_unmap_sg(dev, req->sgl, ...)` with the MR in req->mr: the
     // request's data, mapped into its MR somewhere this unit does not see.
-    if (Unmap && !Freed->Steps.empty() &&
+    // `free(r->buf)` next to `r->mw` whose memory no code here names: only
+    // perhaps the handle's memory (Guessed), which matters only right after
+    // an unawaited LOCAL_INV of that handle.
+    if (!EntryOfContainer && !Freed->Steps.empty() && Freed->Steps.back().Field &&
         llvm::none_of(Buffers, [&](const auto &B) {
           return A.sameStorage(*Freed, Fn, std::get<0>(B), std::get<1>(B));
         })) {
       Location Request = A.flow(Fn).resolve(*Freed);
       Request.Steps.pop_back();
       for (const SlotKey &Slot : handleSlotsWithin(Fn, Request)) {
+        if (!Unmap && hasBuffer(Slot))
+          continue;
         LifeEvent E = event(LifeEventKind::BufferRelease, Slot, Fn, CE,
                             CE->getBeginLoc(), Name);
         E.Stable = stable(Fn, *Freed);
+        E.Guessed = !Unmap;
         add(E);
       }
     }
@@ -782,7 +839,7 @@ private:
       std::optional<Location> Old = locationOf(D.Value);
       return Old && A.sameStorage(*Old, Fn, Head, Fn);
     });
-    if (!Linked || indexList(Fn, Item->Root, BO))
+    if (!Linked || indexList(Fn, Item->Root, BO) || pendingList(Head))
       return;
     for (const SlotKey &Slot : handleSlotsWithin(Fn, *Item)) {
       // An item whose handle this function just produced is being handed
@@ -814,6 +871,33 @@ private:
       if (Arg && Arg->Steps.empty() && handedOutAfter(Caller, Arg->Root, CE->getEndLoc()))
         return true;
     }
+    return false;
+  }
+
+  /// A list a completion handler walks (`for (pp = &d->inv_pending; ...)`
+  /// in the LOCAL_INV's completion): requests wait there for their
+  /// completions; it recycles nothing.
+  bool pendingList(const Location &Head) {
+    const FieldDecl *F = Head.Steps.back().Field;
+    if (!F)
+      return false;
+    auto [It, New] = PendingLists.try_emplace(F, false);
+    if (!New)
+      return It->second;
+    std::function<bool(const Stmt *)> Reads = [&](const Stmt *S) {
+      if (!S)
+        return false;
+      if (const auto *ME = dyn_cast<MemberExpr>(S); ME && ME->getMemberDecl() == F)
+        return true;
+      return llvm::any_of(S->children(), Reads);
+    };
+    for (const FunctionDecl *Fn : A.functions())
+      if (llvm::any_of(Fn->parameters(), [&](const ParmVarDecl *P) {
+            const StructModel *S = A.structOf(P->getType());
+            return S && S->Role == StructRole::Wc;
+          }) &&
+          Reads(Fn->getBody()))
+        return It->second = true;
     return false;
   }
 
@@ -880,7 +964,12 @@ private:
         T = QualType();
     }
     if (!T.isNull() && T->isPointerType())
-      if (const RecordDecl *RD = T->getPointeeType()->getAsRecordDecl())
+      T = T->getPointeeType();
+    // A struct embedded in an array (`&d->reqs[i]`) is the object itself.
+    else if (Container.Steps.empty() || Container.Steps.back().Field)
+      T = QualType();
+    if (!T.isNull())
+      if (const RecordDecl *RD = T->getAsRecordDecl())
         handleFields(Fn, Resolved, RD, 0, Found, Arrays);
     return Found;
   }
@@ -1096,7 +1185,9 @@ private:
   std::optional<SlotKey> invalidatedKey(const FunctionDecl *Fn, const Expr *Key) {
     if (auto Slot = Keys.keySlot(Fn, Key))
       return Slot;
-    return Keys.keyParameter(Fn, Key);
+    if (auto Slot = Keys.keyParameter(Fn, Key))
+      return Slot;
+    return Keys.soleHandleNextTo(Fn, Key);
   }
 
   /// The handles a post registers for remote access or invalidates.
@@ -1138,6 +1229,7 @@ private:
   std::vector<std::tuple<Location, const FunctionDecl *, SlotKey, const Stmt *, bool>>
       Buffers;
   std::vector<LifeEvent> KeyLeaves;
+  std::map<const FieldDecl *, bool> PendingLists;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, Location, std::string>>
       Allocations;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *,

@@ -66,6 +66,10 @@ public:
   /// (`srp_inv_rkey(req, ch, u32 rkey)`): the key the caller passes.
   std::optional<SlotKey> keyParameter(const clang::FunctionDecl *Fn,
                                       const clang::Expr *E) const;
+  /// A key field no code ties to a handle (`inv.invalidate_rkey = r->key`
+  /// with the window bound in another unit): the one handle of its struct.
+  std::optional<SlotKey> soleHandleNextTo(const clang::FunctionDecl *Fn,
+                                          const clang::Expr *E) const;
 
 private:
   const TuAnalysis &A;

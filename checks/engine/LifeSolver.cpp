@@ -374,7 +374,7 @@ private:
       for (const FunctionDecl *Fn : Touching)
         for (const PathState &Entry : entries(Fn, Slot, Resting))
           for (const Exit &X : summary(Fn, Slot, Entry, 0, rootConstants(Fn)).Exits)
-            addResting(Resting, applied(X.S, Entry));
+            addResting(Resting, applied(X.S, Entry), !X.Error);
       if (Resting.size() == Before)
         break;
     }
@@ -446,11 +446,16 @@ private:
 
   /// A resting state: what a root leaves behind, without the root's own
   /// path details.
-  static void addResting(std::vector<PathState> &Resting, PathState S) {
+  static void addResting(std::vector<PathState> &Resting, PathState S,
+                         bool Success) {
     if (S.L == Life::Unknown || S.L == Life::Escaped ||
         Resting.size() >= budget::RestingStates)
       return;
     PathState R = entryState({S.L, S.Signaled, false});
+    // A root that succeeded with the key written into its caller's memory
+    // (`d->rkey = htobe32(s->mr->rkey)` in an out-parameter) handed it on.
+    if (Success && R.L == Life::Live && S.Staged && S.Staged->Outward)
+      R.L = Life::Exposed;
     R.Exposed = S.L == Life::Exposed ? S.Exposed : &EntryMarker;
     // A LOCAL_INV posted by an earlier activation has completed by the next.
     if (R.L == Life::InvalPosted || R.L == Life::Claimed)
@@ -857,8 +862,16 @@ private:
   void freedBeforeDeregister(Walk &W, const LifeEvent &Dereg, PathState &S) {
     const LifeEvent *Freed = S.FreedLive;
     S.FreedLive = nullptr;
-    if (!Freed || S.Reported)
+    if (!Freed)
       return;
+    // Already reported at the free (the key was out): say where the
+    // deregistration came too late.
+    if (S.Reported) {
+      for (LifeIncident &I : W.R.Incidents)
+        if (I.At == Freed && I.K == LifeIncident::ReleaseWhileExposed && !I.Anchor)
+          I.Invalidation = &Dereg;
+      return;
+    }
     LifeIncident I;
     I.K = LifeIncident::ReleaseWhileExposed;
     I.Slot = W.Slot;
@@ -885,13 +898,23 @@ private:
 
   void release(Walk &W, const LifeEvent &E, PathState &S) {
     if (E.K == LifeEventKind::BufferRelease && !S.FreedLive &&
-        (S.L == Life::Unknown || S.L == Life::Live) && remoteUntilDeregistered(W.Slot))
+        (S.L == Life::Unknown || S.L == Life::Live || S.L == Life::Exposed) &&
+        remoteUntilDeregistered(W.Slot))
       S.FreedLive = &E;
     // Memory that is no longer (or never was, on this path) behind the
     // handle: `ibv_rereg_mr()` moved it, or another buffer was mapped.
     if (E.K == LifeEventKind::BufferRelease && S.Bound && E.Binding &&
         S.Bound != E.Binding)
       return;
+    // Memory that may be behind the handle: wrong only while its
+    // invalidation is still in flight.
+    if (E.Guessed) {
+      if (S.L == Life::InvalPosted && !S.Waited && !S.Reported) {
+        incident(W, LifeIncident::ReleaseBeforeInvalidated, &E, S);
+        S.Reported = true;
+      }
+      return;
+    }
     if (E.K == LifeEventKind::BufferRelease)
       provenHeld(W, S, E.S);
     auto &[Invalidated, Bare] = W.Releases[&E];

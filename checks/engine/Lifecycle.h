@@ -69,6 +69,12 @@ struct LifeEvent {
   /// behind the handle; Produce / Bind: the call itself.
   const clang::Stmt *Binding = nullptr;
   bool Window = false;     // the handle is a memory window
+  /// BufferRelease: memory next to the handle in its struct, perhaps (not
+  /// known to be) the memory behind it.
+  bool Guessed = false;
+  /// KeyStaged: into the caller's memory (a pointer parameter's target)
+  /// or a global, not a message of this function.
+  bool Outward = false;
   std::string What;        // API in messages: "ib_mr_pool_put", "kfree"
   const clang::Stmt *Via = nullptr; // a helper call the event comes from
   const clang::FunctionDecl *Callee = nullptr; // Call: the helper
