@@ -808,6 +808,14 @@ private:
     }
   }
 
+  /// Is \p S a call of a posting API (`ibv_post_send`, `ibv_wr_complete`)?
+  bool isPost(const Stmt *S) const {
+    const auto *CE = dyn_cast<CallExpr>(S);
+    const FunctionModel *M = CE ? A.modelOf(CE) : nullptr;
+    return M && (M->E == Effect::PostSend || M->E == Effect::PostCm ||
+                 M->E == Effect::WrxComplete || M->E == Effect::RwPost);
+  }
+
   /// The tagged call failed: what it did to the slot did not happen.
   static void undoTag(PathState &S) {
     S.L = S.Undo;
@@ -1181,8 +1189,10 @@ private:
       if (Both) {
         // `if (post(..) || wait_for(..))`: a waiting helper that fails saw
         // the request this path posted complete in error, or not at all.
+        // Only for a post that changed the slot: otherwise undoing it
+        // would split paths for nothing (qperf's loops hit the budget).
         bool WaitFailed = S.Tag && S.Tag != CE && S.Outcome != 1 &&
-                          waitsFor(E.Callee);
+                          S.Undo != S.L && isPost(S.Tag) && waitsFor(E.Callee);
         if ((HandOff || WaitFailed) && X.Error && N.L == S.L) {
           N.L = S.Undo; // as undoTag(S): the caller's state before the call
           N.Exposed = S.UndoExposed;
