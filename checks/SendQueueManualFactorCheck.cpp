@@ -14,9 +14,21 @@ namespace ulplint {
 /// or global, the factor the ULP's own number.
 static bool splitFactor(const Linear &V, std::string &Depth,
                         std::string &Factor) {
-  if (V.Terms.size() != 1 || V.UsesCoreSizing || V.FromHelperFactor)
+  if (V.UsesCoreSizing || V.FromHelperFactor)
     return false;
-  const LinearTerm &T = V.Terms.front();
+  // `3 * conn->cmds_max + misc` with misc = ISX_MAX_TX_MISC_PDUS + 1: named
+  // constants added once are slack, not the factored depth.
+  const LinearTerm *Main = nullptr;
+  for (const LinearTerm &T : V.Terms) {
+    if (V.Terms.size() > 1 && T.Value && T.Coef == 1 && T.Factors.empty())
+      continue;
+    if (Main)
+      return false;
+    Main = &T;
+  }
+  if (!Main)
+    return false;
+  const LinearTerm &T = *Main;
   if (T.Factors.empty()) {
     if (T.Coef < 2 || !T.E)
       return false;
@@ -113,7 +125,9 @@ void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
       continue;
     DiagnosticBuilder N = note(A, S.Spelling->getBeginLoc(),
                                Advice(MigrationKey::QueueFactorNote));
-    if (Kernel && V->Terms.front().Factors.empty())
+    // The fix rewrites the sum from the depth and the constant: only when
+    // no named constant would be lost.
+    if (Kernel && V->Terms.size() == 1 && V->Terms.front().Factors.empty())
       for (const FixItHint &Fix : rdmaRwFix(A, S, Depth, V->Const))
         N << Fix;
   }
