@@ -78,8 +78,8 @@ void MrLeakCheck::reportNeverReleased(const TuAnalysis &A, const Lifecycle &L) {
       Released |= L.has(E.Slot, K);
     if (Released)
       continue;
-    std::string Message = "the " + std::string(E.Window ? "memory window" : "memory region") + " from '" + E.What +
-                          "' is stored in '" + E.Slot.str() +
+    std::string Message = std::string("the ") + handleNoun(E.Window) + " from '" +
+                          E.What + "' is stored in '" + E.Slot.str() +
                           "' but nothing releases it, while the handles next "
                           "to it are released; it leaks";
     std::string Releases = Lifecycle::fact(FactKind::Releases, E.Slot);

@@ -29,6 +29,13 @@ bool isHandleType(const TuAnalysis &A, QualType T, bool *Window) {
   return true;
 }
 
+bool takesCompletion(const TuAnalysis &A, const FunctionDecl *Fn) {
+  return llvm::any_of(Fn->parameters(), [&](const ParmVarDecl *P) {
+    const StructModel *S = A.structOf(P->getType());
+    return S && S->Role == StructRole::Wc;
+  });
+}
+
 SlotKey slotOf(const TuAnalysis &A, const Location &L, const FunctionDecl *Fn) {
   return SlotKey::of(A.flow(Fn).resolve(L), Fn);
 }
@@ -256,9 +263,7 @@ public:
   void windowBuffers(const FunctionDecl *Fn) {
     const FunctionFlow &Flow = A.flow(Fn);
     auto Inside = [&](const Location &Part, const Location &Whole) {
-      Location P = Flow.resolve(Part), W = Flow.resolve(Whole);
-      return P.Root == W.Root && P.Steps.size() >= W.Steps.size() &&
-             std::equal(W.Steps.begin(), W.Steps.end(), P.Steps.begin());
+      return Flow.resolve(Part).isWithin(Flow.resolve(Whole));
     };
     for (const FieldStore &Addr : A.stores()) {
       if (Addr.Fn != Fn || Addr.Role != FieldRole::BindAddr || !Addr.Value)
@@ -732,7 +737,7 @@ private:
 
   /// Does the unit name the memory behind \p Slot anywhere?
   bool hasBuffer(const SlotKey &Slot) const {
-    return llvm::any_of(Buffers, [&](const auto &B) { return std::get<2>(B) == Slot; });
+    return llvm::any_of(Buffers, [&](const Buffer &B) { return B.Slot == Slot; });
   }
 
   /// The storage a pointer into memory names: `buf`, `b->host + off`,
@@ -781,24 +786,24 @@ private:
       return;
     if (EntryOfContainer && !Freed->Steps.empty())
       Freed->Steps.pop_back(); // &req->node: the request
-    for (const auto &[Buf, BufFn, Slot, Binding, Window] : Buffers)
-      if (A.sameStorage(*Freed, Fn, Buf, BufFn)) {
-        LifeEvent E = event(LifeEventKind::BufferRelease, Slot, Fn, CE,
+    bool Named = false; // the memory of some handle the unit knows
+    for (const Buffer &B : Buffers)
+      if (A.sameStorage(*Freed, Fn, B.Memory, B.Fn)) {
+        LifeEvent E = event(LifeEventKind::BufferRelease, B.Slot, Fn, CE,
                             CE->getBeginLoc(), Name);
-        E.Binding = Binding;
-        E.Window = Window;
+        E.Binding = B.Binding;
+        E.Window = B.Window;
         E.Stable = stable(Fn, *Freed);
         add(E);
+        Named = true;
       }
     // `ib_dma_unmap_sg(dev, req->sgl, ...)` with the MR in req->mr: the
     // request's data, mapped into its MR somewhere this unit does not see.
     // `free(r->buf)` next to `r->mw` whose memory no code here names: only
     // perhaps the handle's memory (Guessed), which matters only right after
     // an unawaited LOCAL_INV of that handle.
-    if (!EntryOfContainer && !Freed->Steps.empty() && Freed->Steps.back().Field &&
-        llvm::none_of(Buffers, [&](const auto &B) {
-          return A.sameStorage(*Freed, Fn, std::get<0>(B), std::get<1>(B));
-        })) {
+    if (!EntryOfContainer && !Named && !Freed->Steps.empty() &&
+        Freed->Steps.back().Field) {
       Location Request = A.flow(Fn).resolve(*Freed);
       Request.Steps.pop_back();
       for (const SlotKey &Slot : handleSlotsWithin(Fn, Request)) {
@@ -892,11 +897,7 @@ private:
       return llvm::any_of(S->children(), Reads);
     };
     for (const FunctionDecl *Fn : A.functions())
-      if (llvm::any_of(Fn->parameters(), [&](const ParmVarDecl *P) {
-            const StructModel *S = A.structOf(P->getType());
-            return S && S->Role == StructRole::Wc;
-          }) &&
-          Reads(Fn->getBody()))
+      if (takesCompletion(A, Fn) && Reads(Fn->getBody()))
         return It->second = true;
     return false;
   }
@@ -1224,10 +1225,15 @@ private:
   const WorkRequests &W;
   llvm::DenseMap<const CallExpr *, const ApiCall *> CallModel;
   llvm::DenseMap<const CallExpr *, const PostSite *> Posts;
-  /// Memory behind a handle: where, named in which function, the handle,
-  /// the registration that put it there, and whether the handle is a window.
-  std::vector<std::tuple<Location, const FunctionDecl *, SlotKey, const Stmt *, bool>>
-      Buffers;
+  /// Memory behind a handle.
+  struct Buffer {
+    Location Memory;
+    const FunctionDecl *Fn; // where Memory is named
+    SlotKey Slot;           // the handle
+    const Stmt *Binding;    // the registration that put it there
+    bool Window;            // the handle is a window bound over it
+  };
+  std::vector<Buffer> Buffers;
   std::vector<LifeEvent> KeyLeaves;
   std::map<const FieldDecl *, bool> PendingLists;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, Location, std::string>>

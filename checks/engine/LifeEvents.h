@@ -32,6 +32,9 @@ constexpr unsigned NullTestDepth = 16;
 constexpr unsigned ErrorExitHops = 3;
 } // namespace budget
 
+/// Does \p Fn receive a completion (a work completion parameter)?
+bool takesCompletion(const TuAnalysis &A, const clang::FunctionDecl *Fn);
+
 /// The handle whose key an rkey/lkey expression reads: `mr->rkey` -> mr.
 std::optional<Location> keyOwner(const TuAnalysis &A, const clang::Expr *E);
 

@@ -1182,17 +1182,17 @@ private:
     // The helper is given the registration this path staged
     // (`rtrs_post_send_rdma(.., &rwr.wr)`): when it fails, none went out.
     bool HandOff = S.Tag == CE && S.Outcome == 0;
+    // `if (post(..) || wait_for(..))`: a waiting helper that fails saw the
+    // request this path posted complete in error, or not at all. Only for
+    // a post that changed the slot: otherwise undoing it would split paths
+    // for nothing (qperf's loops hit the budget).
+    bool WaitFailed = Both && S.Tag && S.Tag != CE && S.Outcome != 1 &&
+                      S.Undo != S.L && isPost(S.Tag) && waitsFor(E.Callee);
     for (const Exit &X : R.Exits) {
       PathState N = applied(X.S, S);
       if (N.Pending && N.Pending != S.Pending)
         N.Pending = latent(boundIncident(*N.Pending, S, CE));
       if (Both) {
-        // `if (post(..) || wait_for(..))`: a waiting helper that fails saw
-        // the request this path posted complete in error, or not at all.
-        // Only for a post that changed the slot: otherwise undoing it
-        // would split paths for nothing (qperf's loops hit the budget).
-        bool WaitFailed = S.Tag && S.Tag != CE && S.Outcome != 1 &&
-                          S.Undo != S.L && isPost(S.Tag) && waitsFor(E.Callee);
         if ((HandOff || WaitFailed) && X.Error && N.L == S.L) {
           N.L = S.Undo; // as undoTag(S): the caller's state before the call
           N.Exposed = S.UndoExposed;
@@ -1465,10 +1465,7 @@ private:
   /// Does \p Fn receive a completion (a work completion parameter, or a
   /// wr_cqe done callback)?
   bool handlesCompletion(const FunctionDecl *Fn) {
-    for (const ParmVarDecl *P : Fn->parameters())
-      if (const StructModel *S = A.structOf(P->getType()); S && S->Role == StructRole::Wc)
-        return true;
-    return DoneCallbacks.count(Fn) != 0;
+    return takesCompletion(A, Fn) || DoneCallbacks.count(Fn) != 0;
   }
 
   void compareKeys(Walk &W, const Expr *Cond, const Stmt *Term, bool Then,
@@ -2075,8 +2072,7 @@ std::string LifeIncident::releasedHere() const {
 }
 
 const char *LifeIncident::handleNoun() const {
-  bool Window = (Produced && Produced->Window) || (At && At->Window);
-  return Window ? "memory window" : "memory region";
+  return ulplint::handleNoun((Produced && Produced->Window) || (At && At->Window));
 }
 
 std::string LifeIncident::what() const {

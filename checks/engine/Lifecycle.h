@@ -91,6 +91,11 @@ struct LifeEvent {
   const clang::Stmt *Post = nullptr;
 };
 
+/// "memory window" or "memory region", for messages.
+inline const char *handleNoun(bool Window) {
+  return Window ? "memory window" : "memory region";
+}
+
 /// Something the solver found on a path.
 struct LifeIncident {
   enum Kind {
