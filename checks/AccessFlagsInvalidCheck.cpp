@@ -7,7 +7,7 @@ using namespace clang;
 
 namespace ulplint {
 
-void AccessFlagsInvalidCheck::run(const TuAnalysis &A) {
+void AccessFlagsInvalidCheck::checkUnit(const TuAnalysis &A) {
   if (!A.flagBit(Flag::LocalWrite))
     return; // the unit does not include a verbs header
   Fixed.clear();

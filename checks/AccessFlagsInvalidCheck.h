@@ -16,7 +16,7 @@ public:
   using RdmaCheck::RdmaCheck;
 
 protected:
-  void run(const TuAnalysis &A) override;
+  void checkUnit(const TuAnalysis &A) override;
 
 private:
   void checkRequest(const TuAnalysis &A, const AccessSite &S);

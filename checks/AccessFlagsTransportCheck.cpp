@@ -19,7 +19,7 @@ void AccessFlagsTransportCheck::storeOptions(
   Options.store(Opts, "AssumeIWarp", AssumeIWarp);
 }
 
-void AccessFlagsTransportCheck::run(const TuAnalysis &A) {
+void AccessFlagsTransportCheck::checkUnit(const TuAnalysis &A) {
   if (!A.flagBit(Flag::LocalWrite))
     return;
   const std::vector<AccessSite> &Sites = AccessSites::of(A).All;

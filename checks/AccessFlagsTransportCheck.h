@@ -18,7 +18,7 @@ public:
   void storeOptions(clang::tidy::ClangTidyOptions::OptionMap &Opts) override;
 
 protected:
-  void run(const TuAnalysis &A) override;
+  void checkUnit(const TuAnalysis &A) override;
   bool ulpOnly() const override { return true; }
 
 private:

@@ -18,7 +18,7 @@ static std::string releaseText(const LifeEvent &E, const std::string &What) {
   }
 }
 
-void InvalidationLeakCheck::run(const TuAnalysis &A) {
+void InvalidationLeakCheck::checkUnit(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
   // One finding per place: several releases reached through one call are
   // one mistake at that call.

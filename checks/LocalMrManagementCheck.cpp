@@ -60,7 +60,7 @@ bool LocalMrManagementCheck::reportable(const TuAnalysis &A,
   }
 }
 
-void LocalMrManagementCheck::run(const TuAnalysis &A) {
+void LocalMrManagementCheck::checkUnit(const TuAnalysis &A) {
   const Inventory &Inv = Inventory::of(A);
   for (const RegistrationSite &S : Inv.sites()) {
     if (!reportable(A, S))

@@ -8,7 +8,7 @@ using namespace clang;
 
 namespace ulplint {
 
-void MrLeakCheck::run(const TuAnalysis &A) {
+void MrLeakCheck::checkUnit(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
   std::set<std::pair<unsigned, SlotKey>> Reported; // one finding per place
   for (const LifeIncident &I : L.incidents()) {

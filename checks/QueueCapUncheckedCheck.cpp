@@ -65,7 +65,7 @@ bool readsBack(const TuAnalysis &A, const FieldStore &Store) {
 }
 } // namespace
 
-void QueueCapUncheckedCheck::run(const TuAnalysis &A) {
+void QueueCapUncheckedCheck::checkUnit(const TuAnalysis &A) {
   const WorkRequests &W = WorkRequests::of(A);
   if (W.creations().empty())
     return;

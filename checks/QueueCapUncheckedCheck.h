@@ -14,7 +14,7 @@ public:
   using RdmaCheck::RdmaCheck;
 
 protected:
-  void run(const TuAnalysis &A) override;
+  void checkUnit(const TuAnalysis &A) override;
 };
 
 } // namespace ulplint

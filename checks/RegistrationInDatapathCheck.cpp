@@ -148,7 +148,7 @@ static std::string cost(const TuAnalysis &A, Effect E) {
                "I/O";
 }
 
-void RegistrationInDatapathCheck::run(const TuAnalysis &A) {
+void RegistrationInDatapathCheck::checkUnit(const TuAnalysis &A) {
   const Inventory &Inv = Inventory::of(A);
   for (const RegistrationSite &S : Inv.sites()) {
     if (!S.Call || !S.Datapath || !isPerIoCall(S.Call->Model->E) ||

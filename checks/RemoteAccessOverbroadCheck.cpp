@@ -14,7 +14,7 @@ namespace ulplint {
 
 static void exportDefinitions(const TuAnalysis &A);
 
-void RemoteAccessOverbroadCheck::run(const TuAnalysis &A) {
+void RemoteAccessOverbroadCheck::checkUnit(const TuAnalysis &A) {
   if (!A.flagBit(Flag::LocalWrite))
     return;
   for (const AccessSite &S : AccessSites::of(A).All) {

@@ -7,7 +7,7 @@ using namespace clang;
 
 namespace ulplint {
 
-void RemoteInvalidateUncheckedCheck::run(const TuAnalysis &A) {
+void RemoteInvalidateUncheckedCheck::checkUnit(const TuAnalysis &A) {
   StringRef FlagText = A.flagName(Flag::WithInvalidate);
   const StructModel *Wc = A.rules().structure(A.domain(), StructRole::Wc);
   std::string Field =

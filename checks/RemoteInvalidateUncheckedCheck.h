@@ -13,7 +13,7 @@ public:
   using RdmaCheck::RdmaCheck;
 
 protected:
-  void run(const TuAnalysis &A) override;
+  void checkUnit(const TuAnalysis &A) override;
 
 };
 

@@ -122,7 +122,7 @@ static std::optional<std::string> rotationGap(const TuAnalysis &A,
   return std::nullopt;
 }
 
-void RkeyReuseCheck::run(const TuAnalysis &A) {
+void RkeyReuseCheck::checkUnit(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
   std::set<SlotKey> Done;
   // Fast registrations of an MR that is used again and again.

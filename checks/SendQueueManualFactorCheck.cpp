@@ -87,7 +87,7 @@ static std::vector<FixItHint> rdmaRwFix(const TuAnalysis &A,
                                                     " = " + Depth + ";")};
 }
 
-void SendQueueManualFactorCheck::run(const TuAnalysis &A) {
+void SendQueueManualFactorCheck::checkUnit(const TuAnalysis &A) {
   const WorkRequests &W = WorkRequests::of(A);
   // The registrations may be posted by another file of the ULP: then only
   // ulplint, which sees the whole program, can tell.

@@ -114,7 +114,7 @@ std::string drainText(const CallExpr *Drain) {
 
 } // namespace
 
-void SendQueueUndersizedCheck::run(const TuAnalysis &A) {
+void SendQueueUndersizedCheck::checkUnit(const TuAnalysis &A) {
   const WorkRequests &W = WorkRequests::of(A);
   for (const QpCreation &Q : W.creations()) {
     if (Q.CoreManaged)

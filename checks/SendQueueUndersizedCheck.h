@@ -20,7 +20,7 @@ public:
   struct Capacity;
 
 protected:
-  void run(const TuAnalysis &A) override;
+  void checkUnit(const TuAnalysis &A) override;
   bool ulpOnly() const override { return true; }
 
 private:

@@ -7,7 +7,7 @@ using namespace clang;
 
 namespace ulplint {
 
-void UnmapBeforeInvalidateCheck::run(const TuAnalysis &A) {
+void UnmapBeforeInvalidateCheck::checkUnit(const TuAnalysis &A) {
   for (const LifeIncident &I : Lifecycle::of(A).incidents()) {
     if (I.K != LifeIncident::ReleaseBeforeInvalidated || !I.Invalidation)
       continue;

@@ -11,7 +11,7 @@ using namespace clang;
 
 namespace ulplint {
 
-void UnsignaledSendStarvationCheck::run(const TuAnalysis &A) {
+void UnsignaledSendStarvationCheck::checkUnit(const TuAnalysis &A) {
   const WorkRequests &W = WorkRequests::of(A);
   checkNeverSignaled(A, W);
   checkStuckCounters(A, W);
@@ -157,7 +157,7 @@ public:
       return true;
     }
     case BO_Assign:
-      add(BO->getLHS(), assigned(BO->getLHS(), Rhs));
+      add(BO->getLHS(), assigned(Rhs));
       return true;
     default:
       add(BO->getLHS(), MovesEither);
@@ -173,7 +173,7 @@ public:
       case Effect::CounterAdd: add(Counter, MovesUp); break;
       case Effect::CounterSub: add(Counter, MovesDown); break;
       case Effect::CounterSet:
-        add(Counter, Value ? assigned(Counter, Value) : MovesEither);
+        add(Counter, Value ? assigned(Value) : MovesEither);
         break;
       default: break;
       }
@@ -190,7 +190,7 @@ public:
 private:
   /// `x = 0` sets it, `x = c->depth` copies a limit or a message field;
   /// anything computed (`x = x + 1`, `x = n`, a call) may move it either way.
-  unsigned assigned(const Expr *Target, const Expr *Value) {
+  unsigned assigned(const Expr *Value) {
     if (auto V = A.values(Current).constant(Value))
       return *V == 0 ? MovesNot : MovesEither;
     const Expr *Plain = stripExpr(Value);

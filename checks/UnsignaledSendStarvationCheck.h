@@ -20,7 +20,7 @@ public:
   using RdmaCheck::RdmaCheck;
 
 protected:
-  void run(const TuAnalysis &A) override;
+  void checkUnit(const TuAnalysis &A) override;
 
 private:
   void checkNeverSignaled(const TuAnalysis &A, const WorkRequests &W);

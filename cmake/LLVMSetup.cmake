@@ -36,6 +36,11 @@ target_link_libraries(ulplint_llvm_flags INTERFACE
   ${ULPLINT_LLVM_LIBDIR}/libclang-cpp.so
   ${ULPLINT_LLVM_LIBDIR}/libLLVM.so)
 
+# The analyzer's own code builds without a warning at -Wall -Wextra
+# (LLVM's and Clang's headers are system headers above).
+add_library(ulplint_warnings INTERFACE)
+target_compile_options(ulplint_warnings INTERFACE -Wall -Wextra)
+
 find_program(ULPLINT_CLANG_TIDY clang-tidy-22 HINTS ${ULPLINT_LLVM_BINDIR} REQUIRED)
 find_program(ULPLINT_CLANG clang-22 HINTS ${ULPLINT_LLVM_BINDIR} REQUIRED)
 find_program(ULPLINT_FILECHECK FileCheck HINTS ${ULPLINT_LLVM_BINDIR} REQUIRED)

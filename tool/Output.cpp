@@ -3,6 +3,7 @@
 #include "Output.h"
 #include "Cache.h"
 #include "Files.h"
+#include "Sorting.h"
 #include "engine/Rules.h"
 #include "clang-tidy/ClangTidy.h"
 #include "clang/Basic/DiagnosticOptions.h"
@@ -124,7 +125,7 @@ std::vector<Finding> collectFindings(llvm::ArrayRef<UnitResult> Units,
       F.Severity = Rule ? Rule->Severity : "warning";
       Unit.push_back(std::move(F));
     }
-    llvm::stable_sort(Unit, [](const Finding &A, const Finding &B) {
+    sortKeepingTies(Unit, [](const Finding &A, const Finding &B) {
       return std::tie(A.File, A.Line, A.Column) <
              std::tie(B.File, B.Line, B.Column);
     });

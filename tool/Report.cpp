@@ -2,6 +2,7 @@
 
 #include "Report.h"
 #include "Files.h"
+#include "Sorting.h"
 #include "engine/Rules.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FileSystem.h"
@@ -192,7 +193,7 @@ std::vector<Ulp> buildModel(ArrayRef<UnitResult> Units,
   for (auto &[Name, U] : ByName) {
     U.Name = Name;
     dropOwnQueueSizing(U, M);
-    llvm::stable_sort(U.Sites, [](const Site &A, const Site &B) {
+    sortKeepingTies(U.Sites, [](const Site &A, const Site &B) {
       return std::tie(A.RelFile, A.R.Line, A.R.Column) <
              std::tie(B.RelFile, B.R.Line, B.R.Column);
     });
@@ -200,7 +201,7 @@ std::vector<Ulp> buildModel(ArrayRef<UnitResult> Units,
       Out.push_back(std::move(U));
   }
   // Most work first; migrated ULPs after the hand-managed ones.
-  llvm::stable_sort(Out, [](const Ulp &A, const Ulp &B) {
+  sortKeepingTies(Out, [](const Ulp &A, const Ulp &B) {
     return std::make_tuple(A.hand() == 0, -(int)A.Effort, A.Name) <
            std::make_tuple(B.hand() == 0, -(int)B.Effort, B.Name);
   });

@@ -818,8 +818,7 @@ namespace {
 /// Finds a transport test inside a condition.
 class TransportFinder : public ConstStmtVisitor<TransportFinder, const Expr *> {
 public:
-  TransportFinder(const TuAnalysis &A, const ValueEval &VE, bool FollowLocals)
-      : A(A), VE(VE), FollowLocals(FollowLocals) {}
+  explicit TransportFinder(const TuAnalysis &A) : A(A) {}
 
   const Expr *VisitCallExpr(const CallExpr *CE) {
     const FunctionModel *M = A.modelOf(CE);
@@ -842,15 +841,13 @@ public:
 
 private:
   const TuAnalysis &A;
-  const ValueEval &VE;
-  bool FollowLocals;
 };
 } // namespace
 
 const Expr *ValueEval::transportTest(const Expr *Cond) const {
   if (!Cond)
     return nullptr;
-  TransportFinder Finder(A, *this, false);
+  TransportFinder Finder(A);
   if (const Expr *Found = Finder.Visit(Cond))
     return Found;
   // `bool iwarp = rdma_protocol_iwarp(...); ... if (iwarp)`

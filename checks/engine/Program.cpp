@@ -78,7 +78,7 @@ private:
 };
 } // namespace
 
-Program::Program(const TuAnalysis &A) : A(A) {
+Program::Program(const TuAnalysis &A) {
   const SourceManager &SM = A.sources();
   if (OptionalFileEntryRef Main = SM.getFileEntryRefForID(SM.getMainFileID())) {
     // The same directory however the database spells the file.

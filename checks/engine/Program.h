@@ -31,7 +31,6 @@ public:
   const clang::Stmt *iwarpGuard() const { return IWarpGuard; }
 
 private:
-  const TuAnalysis &A;
   std::string Key;
   const clang::Stmt *IWarpGuard = nullptr;
 };

@@ -82,7 +82,7 @@ void RdmaCheck::check(const MatchFinder::MatchResult &Result) {
   const TuAnalysis &A = TuAnalysis::get(Ctx, ApiWrappers);
   Known = programKnown(A, TidyContext->getCurrentBuildDirectory(), CacheDir);
   Program::of(A); // tells the program what this unit knows of it, once
-  run(A);
+  checkUnit(A);
 }
 
 DiagnosticBuilder RdmaCheck::report(const TuAnalysis &A, SourceLocation Loc,

@@ -25,7 +25,7 @@ public:
 
 protected:
   /// Report findings for one translation unit.
-  virtual void run(const TuAnalysis &A) = 0;
+  virtual void checkUnit(const TuAnalysis &A) = 0;
   /// Checks that judge ULP code, not the RDMA core or providers, return true;
   /// they stay silent in files matching the CoreFiles option.
   virtual bool ulpOnly() const { return false; }
