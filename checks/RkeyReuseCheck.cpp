@@ -11,21 +11,122 @@ using namespace clang;
 
 namespace ulplint {
 
-/// Is \p E (through locals) the result of ibv_inc_rkey()/ib_inc_rkey()?
+/// The values the body \p S returns.
+static void returnedValues(const Stmt *S, SmallVectorImpl<const Expr *> &Out) {
+  if (!S)
+    return;
+  if (const auto *RS = dyn_cast<ReturnStmt>(S)) {
+    if (RS->getRetValue())
+      Out.push_back(RS->getRetValue());
+    return;
+  }
+  for (const Stmt *Child : S->children())
+    returnedValues(Child, Out);
+}
+
+static bool incrementedAt(const TuAnalysis &A, const FunctionDecl *Fn,
+                          const Location &L, const Stmt *At, unsigned Depth,
+                          const Stmt *Loop = nullptr);
+
+/// Is \p E a key no peer has seen: the result of ibv_inc_rkey() or
+/// ib_inc_rkey(), directly, through locals and fields, from a helper whose
+/// every return is one, or set so by every caller before the call
+/// (`r->rkey = ibv_inc_rkey(r->rkey); build_bind(q, r);`)?
 static bool isIncrementedKey(const TuAnalysis &A, const FunctionDecl *Fn,
                              const Expr *E, unsigned Depth = 0) {
   E = stripExpr(E);
-  if (!E || Depth > 4)
+  if (!E || Depth > 6)
     return false;
   if (const auto *CE = dyn_cast<CallExpr>(E)) {
-    const FunctionModel *M = A.modelOf(CE);
-    return M && M->E == Effect::RkeyIncrement;
+    if (const FunctionModel *M = A.modelOf(CE))
+      return M->E == Effect::RkeyIncrement;
+    const FunctionDecl *Callee = CE->getDirectCallee();
+    Callee = Callee ? Callee->getDefinition() : nullptr;
+    if (!Callee || !llvm::is_contained(A.functions(), Callee))
+      return false;
+    SmallVector<const Expr *, 4> Returns;
+    returnedValues(Callee->getBody(), Returns);
+    return !Returns.empty() && llvm::all_of(Returns, [&](const Expr *R) {
+      return isIncrementedKey(A, Callee, R, Depth + 1);
+    });
   }
-  if (auto L = locationOf(E))
-    for (const Def *D : A.flow(Fn).reaching(A.flow(Fn).resolve(*L), E))
-      if (!D || D->K != Def::Assign || !isIncrementedKey(A, Fn, D->Value, Depth + 1))
+  auto L = locationOf(E);
+  return L && incrementedAt(A, Fn, A.flow(Fn).resolve(*L), E, Depth);
+}
+
+/// \p L (a parameter, or a field reached through one) holds a new key when
+/// \p Fn starts: every caller in the unit passes one. A caller that calls
+/// in a loop must make the key in that loop: one computed before it is the
+/// same key for every iteration (`key = ibv_inc_rkey(..); for (..) bind(x, key);`).
+static bool newKeyFromCallers(const TuAnalysis &A, const FunctionDecl *Fn,
+                              const Location &L, unsigned Depth) {
+  const auto *P = dyn_cast_or_null<ParmVarDecl>(L.Root);
+  if (!P)
+    return false;
+  unsigned Index = P->getFunctionScopeIndex();
+  auto Callers = A.callersOf(Fn);
+  if (Callers.empty())
+    return false;
+  for (const auto &[Call, Caller] : Callers) {
+    if (Caller == Fn || Index >= Call->getNumArgs())
+      return false;
+    const Expr *Arg = stripExpr(Call->getArg(Index));
+    if (L.Steps.empty() && isa<CallExpr>(Arg)) {
+      if (!isIncrementedKey(A, Caller, Arg, Depth + 1))
         return false;
-  return locationOf(E).has_value();
+      continue;
+    }
+    if (const auto *UO = dyn_cast<UnaryOperator>(Arg); UO && UO->getOpcode() == UO_AddrOf)
+      Arg = stripExpr(UO->getSubExpr());
+    std::optional<Location> Outer = locationOf(Arg);
+    if (!Outer)
+      return false;
+    Outer->Steps.append(L.Steps.begin(), L.Steps.end());
+    const Stmt *Loop = enclosingLoop(A.flow(Caller).parents(), Call);
+    if (!incrementedAt(A, Caller, A.flow(Caller).resolve(*Outer), Call, Depth + 1, Loop))
+      return false;
+  }
+  return true;
+}
+
+/// Is \p S inside \p Outer?
+static bool inside(const ParentMap &PM, const Stmt *S, const Stmt *Outer) {
+  for (; S; S = PM.getParent(S))
+    if (S == Outer)
+      return true;
+  return false;
+}
+
+/// Every definition of \p L reaching \p At gives it a new key (inside
+/// \p Loop, when given).
+static bool incrementedAt(const TuAnalysis &A, const FunctionDecl *Fn,
+                          const Location &L, const Stmt *At, unsigned Depth,
+                          const Stmt *Loop) {
+  if (Depth > 6)
+    return false;
+  auto Defs = A.flow(Fn).reaching(L, At);
+  return !Defs.empty() && llvm::all_of(Defs, [&](const Def *D) {
+    if (!D)
+      return !Loop && newKeyFromCallers(A, Fn, L, Depth);
+    if (Loop && !inside(A.flow(Fn).parents(), D->S, Loop))
+      return false;
+    return D->K == Def::Assign && isIncrementedKey(A, Fn, D->Value, Depth + 1);
+  });
+}
+
+/// A window allocated on every path to its bind (`w->mw = ibv_alloc_mw(..)`
+/// above it): its first bind may use the allocation key, no peer has it.
+static bool freshWindow(const TuAnalysis &A, const FunctionDecl *Fn,
+                        const Expr *Mw, const Stmt *At) {
+  auto L = locationOf(stripExpr(Mw));
+  if (!L)
+    return false;
+  auto Defs = A.flow(Fn).reaching(A.flow(Fn).resolve(*L), At);
+  return !Defs.empty() && llvm::all_of(Defs, [&](const Def *D) {
+    const auto *CE = D && D->K == Def::Assign ? dyn_cast<CallExpr>(stripExpr(D->Value)) : nullptr;
+    const FunctionModel *M = CE ? A.modelOf(CE) : nullptr;
+    return M && M->E == Effect::MwAlloc;
+  });
 }
 
 /// Is \p E (through locals) the MR's current key, masked or cast but not
@@ -196,8 +297,8 @@ void RkeyReuseCheck::checkUnit(const TuAnalysis &A) {
   }
   // Type-2 windows: the bind names the new rkey.
   auto CheckBindKey = [&](const FunctionDecl *Fn, const Expr *Key,
-                          const Expr *Mw) {
-    if (!Key || isIncrementedKey(A, Fn, Key))
+                          const Expr *Mw, const Stmt *At) {
+    if (!Key || isIncrementedKey(A, Fn, Key) || freshWindow(A, Fn, Mw, At))
       return;
     std::string MwText = sourceText(A.context(), Mw);
     std::string NewKey = fixText(A, FixTemplate::NewWindowKey, "mw", MwText);
@@ -211,7 +312,7 @@ void RkeyReuseCheck::checkUnit(const TuAnalysis &A) {
   };
   for (const ApiCall &C : A.calls())
     if (C.Model->E == Effect::WrxOp && C.Model->Op == Opcode::BindMw)
-      CheckBindKey(C.Caller, C.arg(ArgRole::Rkey), C.arg(ArgRole::Mw));
+      CheckBindKey(C.Caller, C.arg(ArgRole::Rkey), C.arg(ArgRole::Mw), C.Call);
   for (const FieldStore &S : A.stores()) {
     if (S.Role != FieldRole::BindRkey || !S.Value)
       continue;
@@ -221,7 +322,7 @@ void RkeyReuseCheck::checkUnit(const TuAnalysis &A) {
           A.sameStorage(O.Object, O.Fn, S.Object, S.Fn))
         Mw = &O;
     if (Mw && Mw->Value)
-      CheckBindKey(S.Fn, S.Value, Mw->Value);
+      CheckBindKey(S.Fn, S.Value, Mw->Value, Mw->At);
   }
 }
 
