@@ -45,7 +45,7 @@ struct Location {
   bool operator!=(const Location &O) const { return !(*this == O); }
   /// True when this location is `Other` or lies inside it.
   bool isWithin(const Location &Other) const;
-  /// Drop the last \p N steps.
+  /// The first \p Len steps.
   Location prefix(size_t Len) const;
   /// Readable spelling: "req->reg_wr.wr.opcode" is written "req.reg_wr.wr.opcode".
   std::string str() const;
@@ -105,7 +105,7 @@ public:
   /// Follows single-assignment local pointers: `mr` after `mr = req->mr`
   /// resolves to `req.mr`.
   Location resolve(Location L) const;
-  /// Every definition is reachable from \p From without passing \p Through?
+  /// Can control flow get from \p From to \p To?
   bool reachableFrom(const clang::Stmt *From, const clang::Stmt *To) const;
 
   /// Memos of this function's queries (Flow.cpp): reaching() by (statement,

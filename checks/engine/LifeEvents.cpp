@@ -11,6 +11,7 @@
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/ParentMap.h"
 #include "clang/AST/RecursiveASTVisitor.h"
+#include "clang/Lex/Lexer.h"
 
 using namespace clang;
 
@@ -585,7 +586,8 @@ private:
                Name, false, C.Model->E == Effect::DmaUnmap);
       break;
     case Effect::ContainerRecycle:
-      released(Fn, CE, C.arg(ArgRole::Entry), Name, /*EntryOfContainer=*/true);
+      released(Fn, CE, C.arg(ArgRole::Entry), Name, /*EntryOfContainer=*/true,
+               /*Unmap=*/false, onlyWalked(C.arg(ArgRole::List)));
       break;
     case Effect::BufferAlloc:
       // Judged once every handle the unit produces is known: the array
@@ -759,7 +761,8 @@ private:
   /// A DMA unmap or free: of a buffer behind a handle, or of the struct that
   /// holds handles.
   void released(const FunctionDecl *Fn, const CallExpr *CE, const Expr *Arg,
-                StringRef Name, bool EntryOfContainer = false, bool Unmap = false) {
+                StringRef Name, bool EntryOfContainer = false, bool Unmap = false,
+                bool Parked = false) {
     if (!Arg)
       return;
     // `list_add_tail(&mr->qp_entry, list)`: the handle itself goes onto the
@@ -823,6 +826,7 @@ private:
                           CE->getBeginLoc(), Name);
       E.Stable = stable(Fn, *Freed);
       E.Recycle = EntryOfContainer;
+      E.Parked = Parked;
       add(E);
     }
   }
@@ -900,6 +904,48 @@ private:
       if (takesCompletion(A, Fn) && Reads(Fn->getBody()))
         return It->second = true;
     return false;
+  }
+
+  /// A list (`&pool->drop_list`, `&req->registered`) the unit walks but
+  /// never takes an entry from: it holds requests in use or waiting to be
+  /// released, so putting one there recycles nothing. A list the unit only
+  /// adds to may be a free list another unit takes from.
+  bool onlyWalked(const Expr *Head) {
+    const auto *UO = dyn_cast_or_null<UnaryOperator>(Head ? stripExpr(Head) : nullptr);
+    const auto *ME = UO && UO->getOpcode() == UO_AddrOf
+                         ? dyn_cast<MemberExpr>(stripExpr(UO->getSubExpr()))
+                         : nullptr;
+    const auto *F = ME ? dyn_cast<FieldDecl>(ME->getMemberDecl()) : nullptr;
+    if (!F)
+      return false;
+    auto [It, New] = WalkedLists.try_emplace(F, false);
+    if (!New)
+      return It->second;
+    bool Taken = false, Walked = false;
+    std::function<void(const Stmt *)> Scan = [&](const Stmt *S) {
+      if (!S)
+        return;
+      if (const auto *Use = dyn_cast<MemberExpr>(S); Use && Use->getMemberDecl() == F) {
+        ListUse U = A.rules().listMacro(outermostMacro(Use->getBeginLoc()));
+        Taken |= U == ListUse::Take;
+        Walked |= U == ListUse::Walk;
+      }
+      for (const Stmt *Child : S->children())
+        Scan(Child);
+    };
+    for (const FunctionDecl *Fn : A.functions())
+      Scan(Fn->getBody());
+    return It->second = Walked && !Taken;
+  }
+
+  /// The macro the user wrote that \p Loc comes from, or "".
+  StringRef outermostMacro(SourceLocation Loc) const {
+    if (!Loc.isMacroID())
+      return "";
+    const SourceManager &SM = A.sources();
+    SourceLocation At = SM.getExpansionLoc(Loc);
+    return Lexer::getSourceText(CharSourceRange::getTokenRange(At, At), SM,
+                                A.context().getLangOpts());
   }
 
   /// `return r;` or `*out = r;` after \p After in \p Fn.
@@ -1236,6 +1282,7 @@ private:
   std::vector<Buffer> Buffers;
   std::vector<LifeEvent> KeyLeaves;
   std::map<const FieldDecl *, bool> PendingLists;
+  std::map<const FieldDecl *, bool> WalkedLists;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, Location, std::string>>
       Allocations;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *,

@@ -111,12 +111,23 @@ struct PathState {
   /// Where this path learned that a handle it did not produce is there:
   /// the slot tested non-null, its key read, its memory freed.
   const Stmt *HeldAt = nullptr;
+  /// The loop that takes another object of the slot's struct each time
+  /// round (`list_for_each_entry(mw, ..)`, `r = wc[k].wr_id`) in whose
+  /// iteration the state was last set.
+  const Stmt *IterLoop = nullptr;
+  /// Round that loop again: the state describes an earlier iteration's
+  /// object, not the one this iteration releases.
+  bool Carried = false;
+  /// Carried and Waited before the post Tag: a failed post leaves the
+  /// state as it was.
+  bool UndoCarried = false, UndoWaited = false;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
                     Bound, Staged, Reported, ProducingLoop, WcFailed,
-                    PostFailed, FreedLive, HeldAt);
+                    PostFailed, FreedLive, HeldAt, IterLoop, Carried,
+                    UndoCarried, UndoWaited);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -129,18 +140,21 @@ using ArgConstants = std::vector<std::pair<const ParmVarDecl *, int64_t>>;
 struct EntryKey {
   Life L;
   bool Signaled, Waited;
+  bool Carried = false;
   bool operator<(const EntryKey &O) const {
-    return std::tie(L, Signaled, Waited) < std::tie(O.L, O.Signaled, O.Waited);
+    return std::tie(L, Signaled, Waited, Carried) <
+           std::tie(O.L, O.Signaled, O.Waited, O.Carried);
   }
 };
 
-EntryKey keyOf(const PathState &S) { return {S.L, S.Signaled, S.Waited}; }
+EntryKey keyOf(const PathState &S) { return {S.L, S.Signaled, S.Waited, S.Carried}; }
 
 PathState entryState(EntryKey K) {
   PathState S;
   S.L = K.L;
   S.Signaled = K.Signaled;
   S.Waited = K.Waited;
+  S.Carried = K.Carried;
   S.Produced = S.Exposed = S.Inval = &EntryMarker;
   return S;
 }
@@ -589,9 +603,31 @@ private:
       Inside.Steps.append(Path.begin() + ArgSlot.path().size(), Path.end());
       return SlotKey::of(Inside, Callee);
     }
+    // `alloc_res(dev, &desc->rsc)`: the helper's `res->mr` is this
+    // caller's `desc->rsc.mr`, followed under that name; the embedded
+    // struct's own type-level slot is not what this call changes.
+    if (Slot.isShared() && passesEmbedded(CE, Slot.record()))
+      return std::nullopt;
     if (Slot.isShared())
       return Slot;
     return std::nullopt;
+  }
+
+  /// Does \p CE pass the address of a struct of type \p RD embedded in
+  /// another object (`&desc->rsc`)?
+  static bool passesEmbedded(const CallExpr *CE, const RecordDecl *RD) {
+    if (!RD)
+      return false;
+    for (const Expr *Arg : CE->arguments()) {
+      const auto *UO = dyn_cast<UnaryOperator>(stripExpr(Arg));
+      const auto *ME = UO && UO->getOpcode() == UO_AddrOf
+                           ? dyn_cast<MemberExpr>(stripExpr(UO->getSubExpr()))
+                           : nullptr;
+      const RecordDecl *Inner = ME ? ME->getType()->getAsRecordDecl() : nullptr;
+      if (Inner && Inner->getCanonicalDecl() == RD->getCanonicalDecl())
+        return true;
+    }
+    return false;
   }
 
   //===-- One walk ----------------------------------------------------------===//
@@ -676,10 +712,14 @@ private:
             continue;
           std::vector<PathState> Next;
           for (PathState &S : States) {
-            if (E.K == LifeEventKind::Call)
+            if (E.K == LifeEventKind::Call) {
               call(W, E, S, Next);
-            else {
+            } else if (E.Slot == W.Slot && S.Carried && endsHandle(E.K)) {
+              Next.push_back(S); // another object than the state's
+            } else {
               apply(W, E, S);
+              if (E.Slot == W.Slot)
+                enterIteration(W, E.S, S);
               Next.push_back(S);
             }
           }
@@ -820,18 +860,26 @@ private:
   static void undoTag(PathState &S) {
     S.L = S.Undo;
     S.Exposed = S.UndoExposed;
+    S.Carried = S.UndoCarried;
+    S.Waited = S.UndoWaited;
   }
 
   /// A post's effect is undone on the branch that finds the post failed.
   static void remember(PathState &S, const LifeEvent &E) {
     const Stmt *Post = E.K == LifeEventKind::Post ? E.S : E.Post;
-    if (!Post)
+    // Several events of one post (a chain, a WR seen two ways) share the
+    // state before the post.
+    if (!Post || (S.Tag == Post && S.Outcome == 0))
       return;
     S.Tag = Post;
     S.Outcome = 0;
     S.PostFailed = false;
     S.Undo = S.L;
     S.UndoExposed = S.Exposed;
+    S.UndoCarried = S.Carried;
+    // Waited means something only for a posted invalidation; elsewhere it
+    // would only split states.
+    S.UndoWaited = S.L == Life::InvalPosted && S.Waited;
   }
 
   /// The handle was produced on this walk's path (not before the function).
@@ -905,6 +953,11 @@ private:
   }
 
   void release(Walk &W, const LifeEvent &E, PathState &S) {
+    if (E.Parked) { // kept by the list: neither leaked nor reused
+      S.L = Life::Released;
+      S.Pending = nullptr;
+      return;
+    }
     if (E.K == LifeEventKind::BufferRelease && !S.FreedLive &&
         (S.L == Life::Unknown || S.L == Life::Live || S.L == Life::Exposed) &&
         remoteUntilDeregistered(W.Slot))
@@ -1164,7 +1217,11 @@ private:
       if (fromEntry(I) && J.K == LifeIncident::ReleaseWhileExposed &&
           trustsCompletion(W, S))
         continue;
-      if (fromEntry(I)) {
+      // A handle this function did not produce either, overwritten by the
+      // helper: the helper's statement is the mistake (dlm_space_grow's
+      // `s->mr = nmr` reached from a poll loop), not this call.
+      bool HelpersOwn = I.K == LifeIncident::LeakOverwrite && S.Produced == &EntryMarker;
+      if (fromEntry(I) && !HelpersOwn) {
         J.Anchor = CE;
         J.AnchorFn = W.Fn;
         J.OwnFailure = failedHere(W, S);
@@ -1192,11 +1249,15 @@ private:
       PathState N = applied(X.S, S);
       if (N.Pending && N.Pending != S.Pending)
         N.Pending = latent(boundIncident(*N.Pending, S, CE));
+      bool Undone = false;
       if (Both) {
         if ((HandOff || WaitFailed) && X.Error && N.L == S.L) {
           N.L = S.Undo; // as undoTag(S): the caller's state before the call
           N.Exposed = S.UndoExposed;
+          N.Carried = S.UndoCarried;
+          N.Waited = S.UndoWaited;
           N.PostFailed = true;
+          Undone = true;
         }
         N.Tag = CE;
         N.Outcome = X.Error ? 1 : -1;
@@ -1207,8 +1268,81 @@ private:
         N.UndoExposed = S.UndoExposed;
         N.PostFailed = S.PostFailed;
       }
+      N.IterLoop = S.IterLoop;
+      if (!Undone && (N.L != S.L || (S.Carried && !N.Carried)))
+        enterIteration(W, CE, N);
       Out.push_back(N);
     }
+  }
+
+  /// Is \p Cond part of a macro that also waits (`wait_event(wq, cond)`)?
+  bool inWaitMacro(const Expr *Cond) {
+    if (!Cond->getBeginLoc().isMacroID())
+      return false;
+    const SourceManager &SM = A.sources();
+    if (!WaitMacros) {
+      WaitMacros.emplace();
+      for (const LifeEvent &E : LC.Events)
+        if (E.K == LifeEventKind::Wait && E.S && E.S->getBeginLoc().isMacroID())
+          WaitMacros->insert(SM.getExpansionLoc(E.S->getBeginLoc()));
+    }
+    return WaitMacros->count(SM.getExpansionLoc(Cond->getBeginLoc()));
+  }
+
+  /// Round a loop that takes another object: what the last iteration
+  /// learned about its own post and completion does not carry over.
+  static void startNextObject(PathState &S) {
+    S.Tag = nullptr;
+    S.Outcome = 0;
+    S.Undo = Life::None;
+    S.UndoExposed = nullptr;
+    S.UndoCarried = S.UndoWaited = false;
+    S.PostFailed = false;
+    S.ErrorBranch = nullptr;
+    S.Mismatch = nullptr;
+    S.WcFailed = false;
+  }
+
+  static bool endsHandle(LifeEventKind K) {
+    return K == LifeEventKind::Deregister || K == LifeEventKind::Release ||
+           K == LifeEventKind::BufferRelease || K == LifeEventKind::ContainerRelease;
+  }
+
+  /// The slot's state was set at \p At: by this iteration, if \p At is in
+  /// a loop that takes another object each time round.
+  void enterIteration(const Walk &W, const Stmt *At, PathState &S) {
+    S.Carried = false;
+    // Only a state a later release could be judged against needs to know
+    // its iteration; the others stay one state (path budget).
+    bool Matters = holds(S.L) || S.L == Life::Unknown;
+    S.IterLoop = At && Matters ? objectLoop(W.Fn, At, W.Slot) : nullptr;
+  }
+
+  /// The innermost loop around \p At that points a local at another struct
+  /// of \p Slot's type each time round, or null.
+  const Stmt *objectLoop(const FunctionDecl *Fn, const Stmt *At, const SlotKey &Slot) {
+    const RecordDecl *RD = Slot.record();
+    if (!RD)
+      return nullptr;
+    const ParentMap &PM = A.flow(Fn).parents();
+    for (const Stmt *P = PM.getParent(At); P; P = PM.getParent(P)) {
+      if (!isa<ForStmt>(P) && !isa<WhileStmt>(P) && !isa<DoStmt>(P))
+        continue;
+      auto [It, New] = ObjectLoops.try_emplace({P, RD}, false);
+      if (New)
+        It->second = llvm::any_of(A.flow(Fn).defs(), [&](const Def &D) {
+          const auto *VD = dyn_cast_or_null<VarDecl>(D.Target.Root);
+          if (!VD || isa<ParmVarDecl>(VD) || !D.Target.Steps.empty() || !D.S ||
+              !VD->getType()->isPointerType())
+            return false;
+          const RecordDecl *Pointee = VD->getType()->getPointeeType()->getAsRecordDecl();
+          return Pointee && Pointee->getCanonicalDecl() == RD->getCanonicalDecl() &&
+                 within(P, D.S);
+        });
+      if (It->second)
+        return P;
+    }
+    return nullptr;
   }
 
   /// The integer arguments of \p CE that are constants here: literals, or
@@ -1260,6 +1394,15 @@ private:
     // An element seen in one iteration says nothing of the next one's.
     if (LoopTest && W.Slot.isElement())
       S.HeldAt = nullptr;
+    // Round a loop that takes another object each time, the state is the
+    // last object's; leaving it, it holds for every object the loop took.
+    if (LoopTest && Term == S.IterLoop) {
+      if (Index == 0)
+        startNextObject(S);
+      else
+        S.IterLoop = nullptr;
+      S.Carried = Index == 0;
+    }
     // Around again: the element held now belongs to a finished iteration.
     if (LoopTest && Index == 0 && Term == S.ProducingLoop)
       S.ProducingLoop = nullptr;
@@ -1275,6 +1418,10 @@ private:
       return switchEdge(W, Switch, To, S);
     if (!Cond)
       return true;
+    // `wait_event(wq, cond)` tests its condition before it waits: a path
+    // that finds it true has what it would have waited for.
+    if (inWaitMacro(Cond))
+      S.Waited = true;
     bool Then = Index == 0;
     if (std::optional<bool> Holds = constantTest(W, Cond); Holds && *Holds != Then)
       return false; // `if (can_wait)` with the caller's `true`
@@ -2029,6 +2176,9 @@ private:
   std::map<SlotKey, std::set<SlotKey>> Gates;
   std::map<SlotKey, bool> RemoteRegistered;
   std::map<const FunctionDecl *, bool> Waits; // waitsFor()
+  std::map<std::pair<const Stmt *, const RecordDecl *>, bool> ObjectLoops;
+  /// Where the user wrote the macros the unit's waits expand from.
+  std::optional<std::set<SourceLocation>> WaitMacros;
   std::map<std::pair<const Stmt *, SlotKey>, std::pair<const LifeEvent *, bool>>
       LoopInvalidation;
   std::deque<LifeIncident> Latent;

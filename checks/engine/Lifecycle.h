@@ -65,6 +65,9 @@ struct LifeEvent {
   bool Remote = false;      // Produce: registered with remote rights
   bool Lazy = false;        // Produce: only when the slot is empty (a cache)
   bool Recycle = false;     // ContainerRelease: back to a free list, not freed
+  /// ContainerRelease: onto a list the unit only walks (requests in use, a
+  /// drop list): the list keeps the handle, nothing reuses it.
+  bool Parked = false;
   /// BufferRelease: the registration or mapping that put this memory
   /// behind the handle; Produce / Bind: the call itself.
   const clang::Stmt *Binding = nullptr;

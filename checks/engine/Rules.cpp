@@ -40,6 +40,7 @@ struct RawDomainFile {
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
   std::vector<std::string> IbOnlyCapabilities;
+  std::vector<std::string> ListTakeMacros, ListWalkMacros;
   std::map<std::string, int64_t> PortableCaps;
   std::map<std::string, std::string> Migration;
   std::vector<std::string> ConnectionTypes;
@@ -104,6 +105,8 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("transport_constants", D.TransportConstants);
     Io.mapOptional("ib_constants", D.IbConstants);
     Io.mapOptional("ib_only_capabilities", D.IbOnlyCapabilities);
+    Io.mapOptional("list_take_macros", D.ListTakeMacros);
+    Io.mapOptional("list_walk_macros", D.ListWalkMacros);
     Io.mapOptional("portable_caps", D.PortableCaps);
     Io.mapOptional("migration", D.Migration);
     Io.mapOptional("connection_types", D.ConnectionTypes);
@@ -382,6 +385,8 @@ struct RulesBuilder {
     DM.TransportConstants = Raw.TransportConstants;
     DM.IbConstants = Raw.IbConstants;
     DM.IbOnlyCapabilities = Raw.IbOnlyCapabilities;
+    DM.ListTakeMacros = Raw.ListTakeMacros;
+    DM.ListWalkMacros = Raw.ListWalkMacros;
     DM.ConnectionTypes = Raw.ConnectionTypes;
     for (auto &[Family, Flags] : Raw.Flags)
       for (auto &[Name, Enumerator] : Flags) {
@@ -645,6 +650,16 @@ bool Rules::isTransportConstant(llvm::StringRef Enumerator) const {
     if (llvm::is_contained(D.TransportConstants, Enumerator))
       return true;
   return false;
+}
+
+ListUse Rules::listMacro(llvm::StringRef Macro) const {
+  for (const DomainModel &D : Domains) {
+    if (llvm::is_contained(D.ListTakeMacros, Macro))
+      return ListUse::Take;
+    if (llvm::is_contained(D.ListWalkMacros, Macro))
+      return ListUse::Walk;
+  }
+  return ListUse::None;
 }
 
 bool Rules::isIbConstant(llvm::StringRef Enumerator) const {

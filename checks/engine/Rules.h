@@ -53,6 +53,8 @@ enum class MigrationKey {
   QueueFactorNote,
   GlobalRkey,      // IB_PD_UNSAFE_GLOBAL_RKEY
 };
+/// How code uses a linked list (rules/api/*.yaml, `list_*_macros`).
+enum class ListUse { None, Take, Walk };
 /// Fix-it templates (rules/api/*.yaml, `fixits`); placeholders in braces.
 enum class FixTemplate {
   RotateKey,    // {mr}: rotate a fast-registration MR's key
@@ -198,6 +200,9 @@ struct DomainModel {
   std::vector<std::string> IbConstants;
   /// Capability bits only InfiniBand/RoCE devices have (ODP).
   std::vector<std::string> IbOnlyCapabilities;
+  /// Macros that take an entry off a linked list (list_first_entry), and
+  /// macros that walk one (list_for_each_entry).
+  std::vector<std::string> ListTakeMacros, ListWalkMacros;
   std::map<FieldRole, int64_t> PortableCaps;
   /// What replaces hand-written registration (see rules/api/*.yaml,
   /// `migration`).
@@ -275,6 +280,8 @@ public:
   std::string coreFiles() const;
   bool isTransportConstant(llvm::StringRef Enumerator) const;
   bool isIbConstant(llvm::StringRef Enumerator) const;
+  /// What the list macro \p Macro does to the list it is given.
+  ListUse listMacro(llvm::StringRef Macro) const;
   bool isIbOnlyCapability(llvm::StringRef Enumerator) const;
 
   const std::vector<RuleInfo> &catalog() const { return Catalog; }

@@ -24,17 +24,45 @@ void __wake_up(struct wait_queue_head *wq_head, unsigned int mode,
 void schedule(void);
 long schedule_timeout(long timeout);
 
-#define wait_event(wq_head, condition) \
-	do { while (!(condition)) schedule(); } while (0)
-#define wait_event_timeout(wq_head, condition, timeout) ({ \
-	long __ret = (timeout); \
-	while (!(condition) && __ret) \
-		__ret = schedule_timeout(__ret); \
+struct wait_queue_entry {
+	unsigned int flags;
+	void *private;
+	struct list_head entry;
+};
+#define TASK_UNINTERRUPTIBLE 2
+#define TASK_INTERRUPTIBLE 1
+void init_wait_entry(struct wait_queue_entry *wq_entry, int flags);
+long prepare_to_wait_event(struct wait_queue_head *wq_head,
+			   struct wait_queue_entry *wq_entry, int state);
+void finish_wait(struct wait_queue_head *wq_head,
+		 struct wait_queue_entry *wq_entry);
+
+/* As in Linux 6.12: every wait_event*() expands to this loop. */
+#define ___wait_event(wq_head, condition, state, ret, cmd) ({ \
+	struct wait_queue_entry __wq_entry; \
+	long __ret = ret; \
+	init_wait_entry(&__wq_entry, 0); \
+	for (;;) { \
+		long __int = prepare_to_wait_event(&wq_head, &__wq_entry, state); \
+		if (condition) \
+			break; \
+		if (state == TASK_INTERRUPTIBLE && __int) { \
+			__ret = __int; \
+			break; \
+		} \
+		cmd; \
+	} \
+	finish_wait(&wq_head, &__wq_entry); \
 	__ret; \
 })
-#define wait_event_interruptible(wq_head, condition) ({ \
-	while (!(condition)) schedule(); \
-	0; \
-})
+#define wait_event(wq_head, condition) \
+	do { if (!(condition)) \
+		(void)___wait_event(wq_head, condition, TASK_UNINTERRUPTIBLE, 0, schedule()); \
+	} while (0)
+#define wait_event_timeout(wq_head, condition, timeout) \
+	___wait_event(wq_head, (condition) || !__ret, TASK_UNINTERRUPTIBLE, timeout, \
+		      __ret = schedule_timeout(__ret))
+#define wait_event_interruptible(wq_head, condition) \
+	___wait_event(wq_head, condition, TASK_INTERRUPTIBLE, 0, schedule())
 
 #endif /* _LINUX_WAIT_H */
