@@ -36,28 +36,6 @@ public:
 };
 } // namespace
 
-/// A registration cache: the function first searches for a registration it
-/// can reuse (`for (...) if (e->buf == buf) return e->mr;`) and registers,
-/// or evicts, only on a miss. Its registrations are not per I/O.
-static bool fillsCache(const TuAnalysis &A, const ApiCall &C) {
-  const ParentMap &PM = A.flow(C.Caller).parents();
-  const SourceManager &SM = A.sources();
-  bool Hit = false;
-  std::function<void(const Stmt *)> Scan = [&](const Stmt *S) {
-    if (!S || Hit)
-      return;
-    if (const auto *RS = dyn_cast<ReturnStmt>(S))
-      if (const Expr *V = RS->getRetValue())
-        if (isHandleType(A, V->getType()) && enclosingLoop(PM, RS) &&
-            SM.isBeforeInTranslationUnit(RS->getBeginLoc(), C.Call->getBeginLoc()))
-          Hit = true;
-    for (const Stmt *Child : S->children())
-      Scan(Child);
-  };
-  Scan(C.Caller->getBody());
-  return Hit;
-}
-
 /// A session function (`echo_serve_one`, a benchmark's run loop): it
 /// registers once, outside the loop in which it posts or polls.
 static bool registersOutsideItsLoop(const TuAnalysis &A, const ApiCall &C,
@@ -67,17 +45,18 @@ static bool registersOutsideItsLoop(const TuAnalysis &A, const ApiCall &C,
   const ParentMap &PM = A.flow(C.Caller).parents();
   if (enclosingLoop(PM, C.Call))
     return false;
-  bool Any = false;
-  for (const ApiCall &D : A.calls()) {
-    if (D.Caller != C.Caller)
-      continue;
-    if (!isDatapathCall(D))
-      continue;
-    if (!enclosingLoop(PM, D.Call))
-      return false;
-    Any = true;
-  }
-  return Any;
+  std::vector<const CallExpr *> Posts;
+  for (const ApiCall &D : A.calls())
+    if (D.Caller == C.Caller && isDatapathCall(D))
+      Posts.push_back(D.Call);
+  // Posts through a helper (`iorpc_post(c, ...)`) count where they are called.
+  const Inventory &Inv = Inventory::of(A);
+  for (const FunctionDecl *Helper : A.functions())
+    if (const DatapathReason *R = Inv.datapath(Helper); R && R->Seed == Helper)
+      llvm::append_range(Posts, A.callsTo(C.Caller, Helper));
+  return !Posts.empty() && llvm::all_of(Posts, [&](const CallExpr *P) {
+    return enclosingLoop(PM, P) != nullptr;
+  });
 }
 
 /// `if (!buf->mr) buf->mr = ibv_reg_mr(...)`: registered once, on first
@@ -135,6 +114,107 @@ static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
   });
 }
 
+/// The variable \p E names, through casts.
+static const VarDecl *varOf(const Expr *E) {
+  const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E ? stripExpr(E) : nullptr);
+  return DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+}
+
+/// `call->niov = n` on the data path: the field counts one I/O's elements,
+/// it is not the size of a table set up once (`s->nslots = SINK_SLOTS`).
+static bool countsOneIo(const TuAnalysis &A, const ValueDecl *Field) {
+  const Inventory &Inv = Inventory::of(A);
+  std::function<bool(const FunctionDecl *, const Stmt *)> SetsVariably =
+      [&](const FunctionDecl *Fn, const Stmt *S) {
+        if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->isAssignmentOp())
+          if (const auto *ME = dyn_cast<MemberExpr>(BO->getLHS()->IgnoreParenImpCasts());
+              ME && ME->getMemberDecl() == Field &&
+              !A.values(Fn).constant(BO->getRHS()).has_value())
+            return true;
+        return llvm::any_of(S->children(), [&](const Stmt *C) {
+          return C && SetsVariably(Fn, C);
+        });
+      };
+  return llvm::any_of(A.functions(), [&](const FunctionDecl *Fn) {
+    return Inv.datapath(Fn) && Fn->getBody() && SetsVariably(Fn, Fn->getBody());
+  });
+}
+
+/// Is \p Bound the size of a table rather than a count an I/O brings: a
+/// constant, or a field the data path does not set (`c->nslots`), not a
+/// parameter, a local (`iovcnt`) or a per-I/O count (`call->niov`)?
+static bool tableBound(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *Bound) {
+  Bound = stripExpr(Bound);
+  if (!Bound)
+    return false;
+  if (const auto *ME = dyn_cast<MemberExpr>(Bound))
+    return !countsOneIo(A, ME->getMemberDecl());
+  // Written as a constant here (`NSEGS`, `ARRAY_SIZE(x)`), not a variable
+  // whose callers happen to pass one.
+  std::function<bool(const Stmt *)> NamesVariable = [&](const Stmt *S) {
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(S); DRE && isa<VarDecl>(DRE->getDecl()))
+      return true;
+    return llvm::any_of(S->children(), [&](const Stmt *C) { return C && NamesVariable(C); });
+  };
+  return !NamesVariable(Bound) && A.values(Fn).constant(Bound).has_value();
+}
+
+/// The array field a handle location indexes (`slots` in `c->slots[i].mr`).
+static const FieldDecl *tableOf(const Location &L) {
+  for (size_t I = 1; I < L.Steps.size(); ++I)
+    if (!L.Steps[I].Field)
+      return L.Steps[I - 1].Field;
+  return nullptr;
+}
+
+/// The condition of the loop around \p C, or null.
+static const Expr *loopCondition(const TuAnalysis &A, const ApiCall &C) {
+  const Stmt *Loop = enclosingLoop(A.flow(C.Caller).parents(), C.Call);
+  const Expr *Cond = nullptr;
+  if (const auto *For = dyn_cast_or_null<ForStmt>(Loop))
+    Cond = For->getCond();
+  else if (const auto *While = dyn_cast_or_null<WhileStmt>(Loop))
+    Cond = While->getCond();
+  return Cond ? stripExpr(Cond) : nullptr;
+}
+
+/// `while (i--)`, `while (--i >= 0)`: unwinding a loop's work.
+static bool countsDown(const Expr *Cond) {
+  if (const auto *UO = dyn_cast_or_null<UnaryOperator>(Cond))
+    return UO->isDecrementOp();
+  const auto *BO = dyn_cast_or_null<BinaryOperator>(Cond);
+  const auto *UO = BO ? dyn_cast<UnaryOperator>(stripExpr(BO->getLHS())) : nullptr;
+  return UO && UO->isDecrementOp();
+}
+
+/// `for (i = 0; i < NSEGS; i++) s->mr[i] = ib_alloc_mr(..)`,
+/// `for (i = 0; i < c->nslots; i++) ibv_dereg_mr(c->slots[i].mr)`: every
+/// element of a table of handles, in a loop bounded by the table's size.
+static bool loopsOverTable(const TuAnalysis &A, const ApiCall &C) {
+  const auto *BO = dyn_cast_or_null<BinaryOperator>(loopCondition(A, C));
+  return BO && BO->isComparisonOp() && varOf(BO->getLHS()) &&
+         tableBound(A, C.Caller, BO->getRHS());
+}
+
+/// A table of handles set up or torn down at once, not one I/O's handle:
+/// a loop over the whole table, or the unwinding of such a loop in the
+/// same function (`while (i--) ibv_dereg_mr(s->mr[i])` after the fill).
+static bool wholeTable(const TuAnalysis &A, const ApiCall &C) {
+  std::optional<Location> L = registeredHandle(A, C);
+  const FieldDecl *Table = L ? tableOf(*L) : nullptr;
+  if (!Table)
+    return false;
+  if (!countsDown(loopCondition(A, C)))
+    return loopsOverTable(A, C);
+  return llvm::any_of(A.calls(), [&](const ApiCall &Fill) {
+    if (Fill.Caller != C.Caller || Fill.Call == C.Call ||
+        Fill.Model->E == Effect::MrDeregister || !isPerIoCall(Fill.Model->E))
+      return false;
+    std::optional<Location> F = registeredHandle(A, Fill);
+    return F && tableOf(*F) == Table && loopsOverTable(A, Fill);
+  });
+}
+
 static std::string cost(const TuAnalysis &A, Effect E) {
   if (A.domain() == Domain::Kernel)
     return E == Effect::MrDeregister
@@ -152,10 +232,11 @@ void RegistrationInDatapathCheck::checkUnit(const TuAnalysis &A) {
   const Inventory &Inv = Inventory::of(A);
   for (const RegistrationSite &S : Inv.sites()) {
     if (!S.Call || !S.Datapath || !isPerIoCall(S.Call->Model->E) ||
-        registersLazily(A, *S.Call) || heldPerConnection(A, *S.Call))
+        registersLazily(A, *S.Call) || heldPerConnection(A, *S.Call) ||
+        wholeTable(A, *S.Call))
       continue;
     const DatapathReason *Why = Inv.datapath(S.Fn);
-    if (fillsCache(A, *S.Call) || registersOutsideItsLoop(A, *S.Call, *Why))
+    if (registersOutsideItsLoop(A, *S.Call, *Why))
       continue;
     // Exposed memory gets no cache rewrite (the inventory offers none): its
     // key must die with its I/O.

@@ -70,8 +70,98 @@ Inventory::Inventory(const TuAnalysis &A) : A(A) {
   exportSites();
 }
 
+static std::optional<SiteKind> kindOfEffect(Effect E);
+
+/// `nbuf = malloc(len); mr = ibv_reg_mr(pd, nbuf, ...)`: memory the
+/// function allocates and registers itself (a pool or a space that grows),
+/// not memory an I/O brings.
+static bool registersItsOwnAllocation(const TuAnalysis &A, const ApiCall &C) {
+  const Expr *Addr = C.arg(ArgRole::Addr);
+  std::optional<Location> Buf = Addr ? locationOf(Addr) : std::nullopt;
+  if (!Buf)
+    return false;
+  const FunctionFlow &Flow = A.flow(C.Caller);
+  Location Registered = Flow.resolve(*Buf);
+  return llvm::any_of(A.calls(), [&](const ApiCall &M) {
+    if (M.Caller != C.Caller || M.Model->E != Effect::BufferAlloc)
+      return false;
+    std::optional<Location> Allocated = A.resultOf(M.Call);
+    return Allocated && Flow.resolve(*Allocated) == Registered;
+  });
+}
+
+std::optional<Location> registeredHandle(const TuAnalysis &A, const ApiCall &C) {
+  const Expr *Handle = C.Model->E == Effect::MrDeregister ? C.arg(ArgRole::Mr) : nullptr;
+  return Handle ? locationOf(Handle) : A.resultOf(C.Call);
+}
+
+/// The field a handle is last stored under (`mr` in `call->iov_mr[i]`).
+static const FieldDecl *lastField(const Location &L) {
+  for (const Location::Step &Step : llvm::reverse(L.Steps))
+    if (Step.Field)
+      return Step.Field;
+  return nullptr;
+}
+
+/// A handle, or a pointer to an entry that holds one (`struct cache_ent *`).
+static bool holdsHandle(const TuAnalysis &A, QualType T) {
+  if (isHandleType(A, T))
+    return true;
+  const auto *P = T->getAs<PointerType>();
+  const RecordDecl *RD = P ? P->getPointeeType()->getAsRecordDecl() : nullptr;
+  RD = RD ? RD->getDefinition() : nullptr;
+  return RD && llvm::any_of(RD->fields(), [&](const FieldDecl *F) {
+           return isHandleType(A, F->getType());
+         });
+}
+
+/// A registration cache: the function first searches for a registration it
+/// can reuse (`for (...) if (e->buf == buf) return e->mr;`) and registers,
+/// or evicts, only on a miss. Its registrations are not per I/O.
+static bool fillsCache(const TuAnalysis &A, const ApiCall &C) {
+  const ParentMap &PM = A.flow(C.Caller).parents();
+  const SourceManager &SM = A.sources();
+  bool Hit = false;
+  std::function<void(const Stmt *)> Scan = [&](const Stmt *S) {
+    if (!S || Hit)
+      return;
+    if (const auto *RS = dyn_cast<ReturnStmt>(S))
+      if (const Expr *V = RS->getRetValue())
+        if (holdsHandle(A, V->getType()) && enclosingLoop(PM, RS) &&
+            SM.isBeforeInTranslationUnit(RS->getBeginLoc(), C.Call->getBeginLoc()))
+          Hit = true;
+    for (const Stmt *Child : S->children())
+      Scan(Child);
+  };
+  Scan(C.Caller->getBody());
+  return Hit;
+}
+
+bool Inventory::onDatapath(const ApiCall &C) const {
+  const DatapathReason *Why = datapath(C.Caller);
+  if (!Why || fillsCache(A, C))
+    return false;
+  if (!Why->Indirect)
+    return true;
+  // Reached only through a helper that posts: the function may be setup
+  // that sends a message. What it registers must come with the I/O, and
+  // what it deregisters must have been registered per I/O.
+  if (registersItsOwnAllocation(A, C))
+    return false;
+  if (C.Model->E != Effect::MrDeregister)
+    return true;
+  std::optional<Location> L = registeredHandle(A, C);
+  const FieldDecl *Field = L ? lastField(*L) : nullptr;
+  return Field && llvm::any_of(A.calls(), [&](const ApiCall &R) {
+           std::optional<Location> RL;
+           return R.Model->E != Effect::MrDeregister && kindOfEffect(R.Model->E) &&
+                  (RL = registeredHandle(A, R)) && lastField(*RL) == Field &&
+                  onDatapath(R);
+         });
+}
+
 void Inventory::add(RegistrationSite S) {
-  S.Datapath = S.Fn && datapath(S.Fn);
+  S.Datapath = S.Call ? onDatapath(*S.Call) : S.Fn && datapath(S.Fn);
   Sites.push_back(std::move(S));
 }
 
@@ -206,7 +296,13 @@ bool Inventory::addressesRdma(const ApiCall &C) const {
   if (!Result)
     return false;
   return llvm::any_of(RdmaBuffers, [&](const ReadSink &B) {
-    return B.Region && A.sameStorage(*B.Region, B.RegionFn, *Result, C.Caller);
+    if (!B.Region)
+      return false;
+    if (A.sameStorage(*B.Region, B.RegionFn, *Result, C.Caller))
+      return true;
+    // The MR a helper returns (`mr = rcache_get(ep, buf, len)`).
+    return llvm::is_contained(A.producersOf(*B.Region, B.RegionFn, {Effect::MrRegister}),
+                              &C);
   });
 }
 
@@ -317,6 +413,16 @@ static std::optional<std::string> datapathCall(const ApiCall &C) {
 
 bool isDatapathCall(const ApiCall &C) { return datapathCall(C).has_value(); }
 
+/// Does \p Fn post work requests that move data, not only REG_MR, BIND_MW
+/// or LOCAL_INV (an MR's own upkeep, also done at setup and teardown)?
+static bool postsData(const TuAnalysis &A, const FunctionDecl *Fn) {
+  return llvm::any_of(WorkRequests::of(A).posts(), [&](const PostSite &P) {
+    return P.Fn == Fn && (P.Chain.empty() || llvm::any_of(P.Chain, [](const WrSlot &W) {
+                            return W.Ops.empty() || !W.isRegistration();
+                          }));
+  });
+}
+
 void Inventory::findDatapath() {
   for (const FunctionDecl *Fn : A.functions())
     if (handlesCompletions(A, Fn))
@@ -325,6 +431,21 @@ void Inventory::findDatapath() {
     if (std::optional<std::string> What = datapathCall(C))
       Datapath.try_emplace(C.Caller, DatapathReason{C.Caller,
                                                     C.Call->getBeginLoc(), *What});
+  // A submit function that posts through a helper (`iorpc_post(c, ...)`)
+  // is a submit function too, one level up: further up are the callers
+  // that run the I/O loop, judged by where they register.
+  std::vector<std::pair<const FunctionDecl *, DatapathReason>> Submitters;
+  for (const auto &[Fn, Why] : Datapath) {
+    if (Why.Seed != Fn || !postsData(A, Fn))
+      continue;
+    for (const auto &[Call, Caller] : A.callersOf(Fn))
+      Submitters.push_back({Caller, {Caller, Call->getBeginLoc(),
+                                     "posts work requests through '" +
+                                         Fn->getNameAsString() + "'",
+                                     /*Indirect=*/true}});
+  }
+  for (auto &[Fn, Why] : Submitters)
+    Datapath.try_emplace(Fn, std::move(Why));
   // Everything the submit and completion functions call runs per I/O too.
   for (bool Grew = true; Grew;) {
     Grew = false;

@@ -65,7 +65,13 @@ struct DatapathReason {
   const clang::FunctionDecl *Seed = nullptr; // the submit or completion function
   clang::SourceLocation At;                  // its post or poll, or its decl
   std::string What;                          // "posts work requests (ibv_post_send)"
+  /// Seeded by the call of a helper that posts, not by a post: weaker
+  /// evidence (a setup function may send a message through the helper).
+  bool Indirect = false;
 };
+
+/// Where the MR a (de)registration call produces or releases is stored.
+std::optional<Location> registeredHandle(const TuAnalysis &A, const ApiCall &C);
 
 class Inventory {
 public:
@@ -77,6 +83,10 @@ public:
   /// requests or reap completions, and every function of the unit they
   /// call. Null when \p Fn is not on them.
   const DatapathReason *datapath(const clang::FunctionDecl *Fn) const;
+  /// Does the registration call \p C run per I/O? Its function is on the
+  /// data path; when only through a helper that posts, it registers memory
+  /// the I/O brings or deregisters an MR registered per I/O.
+  bool onDatapath(const ApiCall &C) const;
   /// The core API that replaces a site (rules/api/*.yaml, `migration`).
   std::string replacement(const RegistrationSite &S) const;
   std::string replacement(MigrationKey Key) const;

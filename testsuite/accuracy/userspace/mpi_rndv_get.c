@@ -111,7 +111,7 @@ int pml_isend_rndv(struct pml_ep *ep, struct pml_sreq *s, uint32_t tag)
 	h.len = s->len;
 	if (pml_send_ctrl(ep, &h, 0)) {
 		/* OK: rdma-mr-leak -- a failed RTS deregisters the buffer */
-		ibv_dereg_mr(s->mr);
+		ibv_dereg_mr(s->mr); // BUG: rdma-registration-in-datapath -- the per-message registration undone on the failure path of the same message
 		s->mr = NULL;
 		return -EIO;
 	}
