@@ -573,6 +573,14 @@ private:
           extendedPost(C, E);
           add(E);
         }
+      // mlx5dv_wr_mr_list(mqp, mkey, access, ..): a UMR registers the
+      // mkey like a REG_MR; with remote rights its key is out once posted.
+      if (C.Model->Op == Opcode::RegMr && remote(Fn, C))
+        if (auto Slot = handleSlot(Fn, C.arg(ArgRole::Mkey))) {
+          LifeEvent E = event(LifeEventKind::Expose, *Slot, Fn, CE, Loc, Name);
+          extendedPost(C, E);
+          add(E);
+        }
       if (C.Model->Op == Opcode::LocalInv)
         if (auto Slot = invalidatedKey(Fn, C.arg(ArgRole::InvalidateRkey))) {
           LifeEvent E = event(LifeEventKind::InvalidatePost, *Slot, Fn, CE, Loc, Name);
@@ -863,6 +871,85 @@ private:
     }
   }
 
+  /// `s->busy = false` where the unit hands out entries by that flag
+  /// (`if (!c->slots[i].busy)` to find one, `busy = true` to take it): the
+  /// entry, and the handles in it, go back for reuse.
+  void flagCleared(const FunctionDecl *Fn, const BinaryOperator *BO,
+                   const Location &Target, const Expr *Rhs) {
+    if (Target.Steps.empty() || !Target.Steps.back().Field)
+      return;
+    const FieldDecl *Flag = Target.Steps.back().Field;
+    std::optional<int64_t> Value = A.values(Fn).constant(Rhs);
+    if (!Value || *Value != 0 || !inUseFlag(Flag))
+      return;
+    Location Entry = Target;
+    Entry.Steps.pop_back();
+    for (const SlotKey &Slot : handleSlotsWithin(Fn, A.flow(Fn).resolve(Entry))) {
+      // An entry whose handle this function produced is being set up.
+      if (L.has(Slot, LifeEventKind::Produce, Fn))
+        continue;
+      std::string Text = sourceText(A.context(), BO);
+      LifeEvent E = event(LifeEventKind::ContainerRelease, Slot, Fn, BO,
+                          BO->getBeginLoc(), Text.empty() ? "in-use flag" : Text);
+      E.Stable = stable(Fn, Entry);
+      E.Recycle = true;
+      add(E);
+    }
+  }
+
+  /// Is \p F an in-use flag: tested false on a table's entries in a loop
+  /// (the scan for a free entry) and set to a constant other than 0
+  /// somewhere in the unit?
+  bool inUseFlag(const FieldDecl *F) {
+    if (!F->getType()->isIntegerType())
+      return false;
+    auto [It, New] = InUseFlags.try_emplace(F, false);
+    if (!New)
+      return It->second;
+    auto Names = [&](const Expr *E) {
+      const auto *ME = dyn_cast_or_null<MemberExpr>(E ? stripExpr(E) : nullptr);
+      return ME && ME->getMemberDecl() == F;
+    };
+    bool TestedFree = false, Taken = false;
+    for (const FunctionDecl *Fn : A.functions()) {
+      std::function<void(const Stmt *)> Scan = [&](const Stmt *S) {
+        if (!S)
+          return;
+        // Tested on a table's entries in a loop written here: the scan for
+        // a free entry, not a state check or a wait (`wait_event(wq,
+        // !mr->reg_done)` is a loop too).
+        auto InLoop = [&](const Expr *Operand) {
+          if (S->getBeginLoc().isMacroID() ||
+              !enclosingLoop(A.flow(Fn).parents(), S))
+            return false;
+          std::optional<Location> Tested = locationOf(stripExpr(Operand));
+          if (!Tested)
+            return false;
+          Location R = A.flow(Fn).resolve(*Tested);
+          return llvm::any_of(R.Steps, [](const Location::Step &St) { return !St.Field; });
+        };
+        if (const auto *UO = dyn_cast<UnaryOperator>(S);
+            UO && UO->getOpcode() == UO_LNot && Names(UO->getSubExpr()) &&
+            InLoop(UO->getSubExpr()))
+          TestedFree = true;
+        if (const auto *BO = dyn_cast<BinaryOperator>(S)) {
+          std::optional<int64_t> V =
+              BO->isAssignmentOp() || BO->isEqualityOp()
+                  ? A.values(Fn).constant(BO->getRHS())
+                  : std::nullopt;
+          if (BO->getOpcode() == BO_Assign && Names(BO->getLHS()) && V && *V != 0)
+            Taken = true;
+          if (BO->getOpcode() == BO_EQ && Names(BO->getLHS()) && V && *V == 0 && InLoop(BO->getLHS()))
+            TestedFree = true;
+        }
+        for (const Stmt *C : S->children())
+          Scan(C);
+      };
+      Scan(Fn->getBody());
+    }
+    return It->second = TestedFree && Taken;
+  }
+
   /// The list \p Push puts \p Item on keeps items in use (an LRU, a
   /// lookup index), not free ones: after the push the item is handed out,
   /// by this function or by a caller of this helper.
@@ -1124,8 +1211,10 @@ private:
         add(event(LifeEventKind::Escape, *From, Fn, BO, BO->getBeginLoc(),
                   "store"));
     }
-    if (Target)
+    if (Target) {
       pushed(Fn, BO, *Target, Rhs);
+      flagCleared(Fn, BO, *Target, Rhs);
+    }
     if (!isHandleType(A, Lhs->getType()) || !Target)
       return;
     SlotKey Slot = slotOf(A, *Target, Fn);
@@ -1283,6 +1372,7 @@ private:
   std::vector<LifeEvent> KeyLeaves;
   std::map<const FieldDecl *, bool> PendingLists;
   std::map<const FieldDecl *, bool> WalkedLists;
+  std::map<const FieldDecl *, bool> InUseFlags; // see inUseFlag()
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, Location, std::string>>
       Allocations;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *,
