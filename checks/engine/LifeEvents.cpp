@@ -392,8 +392,25 @@ private:
     LifeEvent E = event(Use == KeyUse::Staged ? LifeEventKind::KeyStaged
                                               : LifeEventKind::Expose,
                         slotOf(A, Member->Object, Fn), Fn, ME, ME->getBeginLoc(), "rkey");
-    E.Outward = Use == KeyUse::Staged && storedOutward(Fn, ME);
+    E.Outward = Use == KeyUse::Staged &&
+                (storedOutward(Fn, ME) || givenToOtherUnit(Fn, ME));
     KeyLeaves.push_back(E);
+  }
+
+  /// `exchange_keys(peers, base, mr->rkey)`: the key is handed to code of
+  /// another unit (no model, no body in this one), which may keep or send
+  /// it.
+  bool givenToOtherUnit(const FunctionDecl *Fn, const Expr *Read) {
+    const ParentMap &PM = A.flow(Fn).parents();
+    for (const Stmt *P = PM.getParent(Read); P && isa<Expr>(P); P = PM.getParent(P))
+      if (const auto *CE = dyn_cast<CallExpr>(P)) {
+        const FunctionDecl *Callee = CE->getDirectCallee();
+        // A body anywhere in the unit (htobe32's inline __bswap_32, a
+        // helper) is not another unit's code.
+        return Callee && !Callee->getDefinition() && !A.modelOf(CE) &&
+               !Callee->isVariadic();
+      }
+    return false;
   }
 
   /// Is the key read \p Read assigned (through conversions) into memory
@@ -734,15 +751,31 @@ private:
   /// Remembers the memory behind a handle (ibv_reg_mr's addr, the sg list
   /// given to ib_map_mr_sg) to recognise its unmap or free later.
   void bufferOf(const FunctionDecl *Fn, const Expr *Buf, const SlotKey &Slot,
-                const Stmt *Binding, bool Window = false) {
+                const Stmt *Binding, bool Window = false, bool ViaLocal = false) {
     // `copy ? m->bounce : buf`: either buffer may be behind the handle.
     if (const auto *CO = dyn_cast_or_null<ConditionalOperator>(stripExpr(Buf))) {
-      bufferOf(Fn, CO->getTrueExpr(), Slot, Binding, Window);
-      bufferOf(Fn, CO->getFalseExpr(), Slot, Binding, Window);
+      bufferOf(Fn, CO->getTrueExpr(), Slot, Binding, Window, ViaLocal);
+      bufferOf(Fn, CO->getFalseExpr(), Slot, Binding, Window, ViaLocal);
       return;
     }
+    // `reg_buf = buf; if (hmem) reg_buf = md->bounce;`: each value the
+    // local may hold is the memory behind the handle.
+    if (!ViaLocal)
+      if (const VarDecl *Local = plainLocal(Buf)) {
+        for (const Def &D : A.flow(Fn).defs())
+          if (D.K == Def::Assign && D.Value && D.Target.Root == Local &&
+              D.Target.Steps.empty())
+            bufferOf(Fn, D.Value, Slot, Binding, Window, /*ViaLocal=*/true);
+      }
     if (auto Loc = memoryOf(Buf))
       Buffers.push_back({*Loc, Fn, Slot, Binding, Window});
+  }
+
+  /// The local pointer variable (not a parameter) \p E names, if any.
+  static const VarDecl *plainLocal(const Expr *E) {
+    const auto *DRE = dyn_cast_or_null<DeclRefExpr>(E ? stripExpr(E) : nullptr);
+    const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+    return VD && VD->isLocalVarDecl() && VD->getType()->isPointerType() ? VD : nullptr;
   }
 
   /// Does the unit name the memory behind \p Slot anywhere?

@@ -10,7 +10,8 @@ namespace ulplint {
 
 /// The index of the first field step of the object reached by the last
 /// pointer hop: `req->conn->msg.mr` is the `msg.mr` of some struct ulp_conn,
-/// and `reqs[i].mr` (reqs a pointer) the `mr` of some request.
+/// `reqs[i].mr` (reqs a pointer) the `mr` of some request, and the `mr` of
+/// a request recovered from `wc->wr_id` the `mr` of some request too.
 static std::optional<size_t> sharedStart(const Location &L) {
   QualType T = L.Root->getType();
   bool ThroughPointer = T->isPointerType() || T->isReferenceType() ||
@@ -22,7 +23,11 @@ static std::optional<size_t> sharedStart(const Location &L) {
       if (ThroughPointer)
         Start = I;
       T = L.Steps[I].Field->getType();
-      ThroughPointer = T->isPointerType();
+      // `(struct req *)(uintptr_t)wc->wr_id`: an integer that carries a
+      // pointer names some object of the type it is cast to.
+      ThroughPointer = T->isPointerType() ||
+                       (T->isIntegerType() && I + 1 < L.Steps.size() &&
+                        L.Steps[I + 1].Field);
       continue;
     }
     // An element of an array of structs is some struct of that type, as a
