@@ -1603,9 +1603,10 @@ private:
   /// Only the function that sees the completion can tell its outcome: a
   /// helper it calls is judged at the call.
   bool trustsCompletion(const Walk &W, const PathState &S) {
-    // The invalidated rkey turned out to be another key: nothing came after
-    // an invalidation of this one.
-    return AfterUse.count(W.Slot) && !S.WcFailed && !S.Mismatch &&
+    // The invalidated rkey turned out to be another key, or the post that
+    // would have invalidated it failed on this path (`ret = inv_rkey(..);
+    // if (ret < 0) end_request(req)`): nothing came after an invalidation.
+    return AfterUse.count(W.Slot) && !S.WcFailed && !S.Mismatch && !S.PostFailed &&
            handlesCompletion(W.Fn);
   }
 
