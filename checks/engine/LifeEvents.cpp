@@ -1206,6 +1206,24 @@ private:
       if (auto Slot = handleSlot(Fn, Arg))
         add(event(LifeEventKind::Escape, *Slot, Fn, CE, CE->getBeginLoc(),
                   Callee ? Callee->getName() : StringRef("call")));
+    if (!Callee)
+      releaseCallback(Fn, CE);
+  }
+
+  /// `x->page_release(r->pages[i])`, `pool->ops->free(pool, obj)`: a call
+  /// through a function-pointer field named for a release hands back the
+  /// last pointer it is given (the object; a leading one is the context).
+  void releaseCallback(const FunctionDecl *Fn, const CallExpr *CE) {
+    const auto *Field = dyn_cast<MemberExpr>(CE->getCallee()->IgnoreParenImpCasts());
+    if (!Field || !A.rules().isReleaseCallback(Field->getMemberDecl()->getName()))
+      return;
+    for (unsigned I = CE->getNumArgs(); I-- > 0;)
+      if (const Expr *Arg = CE->getArg(I);
+          Arg->IgnoreParenImpCasts()->getType()->isPointerType()) {
+        if (!handleSlot(Fn, Arg))
+          released(Fn, CE, Arg, Field->getMemberDecl()->getName());
+        return;
+      }
   }
 
 public:

@@ -41,6 +41,7 @@ struct RawDomainFile {
   std::vector<std::string> IbConstants;
   std::vector<std::string> IbOnlyCapabilities;
   std::vector<std::string> ListTakeMacros, ListWalkMacros;
+  std::vector<std::string> ReleaseCallbackWords;
   std::map<std::string, int64_t> PortableCaps;
   std::map<std::string, std::string> Migration;
   std::vector<std::string> ConnectionTypes;
@@ -107,6 +108,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("ib_only_capabilities", D.IbOnlyCapabilities);
     Io.mapOptional("list_take_macros", D.ListTakeMacros);
     Io.mapOptional("list_walk_macros", D.ListWalkMacros);
+    Io.mapOptional("release_callback_words", D.ReleaseCallbackWords);
     Io.mapOptional("portable_caps", D.PortableCaps);
     Io.mapOptional("migration", D.Migration);
     Io.mapOptional("connection_types", D.ConnectionTypes);
@@ -387,6 +389,7 @@ struct RulesBuilder {
     DM.IbOnlyCapabilities = Raw.IbOnlyCapabilities;
     DM.ListTakeMacros = Raw.ListTakeMacros;
     DM.ListWalkMacros = Raw.ListWalkMacros;
+    DM.ReleaseCallbackWords = Raw.ReleaseCallbackWords;
     DM.ConnectionTypes = Raw.ConnectionTypes;
     for (auto &[Family, Flags] : Raw.Flags)
       for (auto &[Name, Enumerator] : Flags) {
@@ -660,6 +663,16 @@ ListUse Rules::listMacro(llvm::StringRef Macro) const {
       return ListUse::Walk;
   }
   return ListUse::None;
+}
+
+bool Rules::isReleaseCallback(llvm::StringRef Field) const {
+  llvm::SmallVector<llvm::StringRef, 4> Words;
+  Field.split(Words, '_', -1, /*KeepEmpty=*/false);
+  for (const DomainModel &D : Domains)
+    for (llvm::StringRef W : Words)
+      if (llvm::is_contained(D.ReleaseCallbackWords, W.lower()))
+        return true;
+  return false;
 }
 
 bool Rules::isIbConstant(llvm::StringRef Enumerator) const {

@@ -203,6 +203,9 @@ struct DomainModel {
   /// Macros that take an entry off a linked list (list_first_entry), and
   /// macros that walk one (list_for_each_entry).
   std::vector<std::string> ListTakeMacros, ListWalkMacros;
+  /// Words that name a release in a function-pointer field
+  /// (`page_release`, `ops->free`): calling it hands its object back.
+  std::vector<std::string> ReleaseCallbackWords;
   std::map<FieldRole, int64_t> PortableCaps;
   /// What replaces hand-written registration (see rules/api/*.yaml,
   /// `migration`).
@@ -282,6 +285,9 @@ public:
   bool isIbConstant(llvm::StringRef Enumerator) const;
   /// What the list macro \p Macro does to the list it is given.
   ListUse listMacro(llvm::StringRef Macro) const;
+  /// Does a function-pointer field of this name release what it is given
+  /// (one of its `_`-separated words is a release_callback_words entry)?
+  bool isReleaseCallback(llvm::StringRef Field) const;
   bool isIbOnlyCapability(llvm::StringRef Enumerator) const;
 
   const std::vector<RuleInfo> &catalog() const { return Catalog; }
