@@ -91,9 +91,7 @@ static bool isConnectionType(const TuAnalysis &A, QualType T) {
 /// `dev->mr`). Registering it happens once per connection even when the
 /// code that does it is reached from the completion path.
 static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
-  const Expr *Handle = C.Model->E == Effect::MrDeregister ? C.arg(ArgRole::Mr) : nullptr;
-  std::optional<Location> L =
-      Handle ? locationOf(Handle) : A.resultOf(C.Call);
+  std::optional<Location> L = registeredHandle(A, C);
   if (!L)
     return false;
   Location R = A.flow(C.Caller).resolve(*L);
@@ -103,10 +101,7 @@ static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
   }
   // An array element counts by the struct holding the array: a
   // connection's table of MRs (`conn->cmd_mrs[i]`) is filled once.
-  const FieldDecl *Last = nullptr;
-  for (const Location::Step &Step : llvm::reverse(R.Steps))
-    if ((Last = Step.Field))
-      break;
+  const FieldDecl *Last = R.lastField();
   if (!Last)
     return false;
   return llvm::any_of(Last->getParent()->fields(), [&](const FieldDecl *F) {

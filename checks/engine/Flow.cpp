@@ -29,6 +29,13 @@ Location Location::prefix(size_t Len) const {
   return L;
 }
 
+const FieldDecl *Location::lastField() const {
+  for (const Step &S : llvm::reverse(Steps))
+    if (S.Field)
+      return S.Field;
+  return nullptr;
+}
+
 std::string Location::fieldPath(size_t From) const {
   std::string S;
   for (size_t I = From; I < Steps.size(); ++I) {

@@ -47,6 +47,9 @@ struct Location {
   bool isWithin(const Location &Other) const;
   /// The first \p Len steps.
   Location prefix(size_t Len) const;
+  /// The field of the last field step (`mr` in `conn->mrs[i].mr`, `mrs` in
+  /// `conn->mrs[i]`), or null.
+  const clang::FieldDecl *lastField() const;
   /// Readable spelling: "req->reg_wr.wr.opcode" is written "req.reg_wr.wr.opcode".
   std::string str() const;
   /// Dotted field path after the root ("reg_wr.wr.opcode").

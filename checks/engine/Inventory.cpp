@@ -95,14 +95,6 @@ std::optional<Location> registeredHandle(const TuAnalysis &A, const ApiCall &C) 
   return Handle ? locationOf(Handle) : A.resultOf(C.Call);
 }
 
-/// The field a handle is last stored under (`mr` in `call->iov_mr[i]`).
-static const FieldDecl *lastField(const Location &L) {
-  for (const Location::Step &Step : llvm::reverse(L.Steps))
-    if (Step.Field)
-      return Step.Field;
-  return nullptr;
-}
-
 /// A handle, or a pointer to an entry that holds one (`struct cache_ent *`).
 static bool holdsHandle(const TuAnalysis &A, QualType T) {
   if (isHandleType(A, T))
@@ -151,11 +143,11 @@ bool Inventory::onDatapath(const ApiCall &C) const {
   if (C.Model->E != Effect::MrDeregister)
     return true;
   std::optional<Location> L = registeredHandle(A, C);
-  const FieldDecl *Field = L ? lastField(*L) : nullptr;
+  const FieldDecl *Field = L ? L->lastField() : nullptr;
   return Field && llvm::any_of(A.calls(), [&](const ApiCall &R) {
            std::optional<Location> RL;
            return R.Model->E != Effect::MrDeregister && kindOfEffect(R.Model->E) &&
-                  (RL = registeredHandle(A, R)) && lastField(*RL) == Field &&
+                  (RL = registeredHandle(A, R)) && RL->lastField() == Field &&
                   onDatapath(R);
          });
 }

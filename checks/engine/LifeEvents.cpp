@@ -917,11 +917,11 @@ private:
       return;
     Location Entry = Target;
     Entry.Steps.pop_back();
+    std::string Text = sourceText(A.context(), BO);
     for (const SlotKey &Slot : handleSlotsWithin(Fn, A.flow(Fn).resolve(Entry))) {
       // An entry whose handle this function produced is being set up.
       if (L.has(Slot, LifeEventKind::Produce, Fn))
         continue;
-      std::string Text = sourceText(A.context(), BO);
       LifeEvent E = event(LifeEventKind::ContainerRelease, Slot, Fn, BO,
                           BO->getBeginLoc(), Text.empty() ? "in-use flag" : Text);
       E.Stable = stable(Fn, Entry);
