@@ -29,14 +29,18 @@ void InvalidationLeakCheck::checkUnit(const TuAnalysis &A) {
       continue;
     if (!Reported.insert(I.Anchor ? static_cast<const void *>(I.Anchor) : I.At).second)
       continue;
-    std::string Msg =
-        I.K == LifeIncident::ReleaseWhileExposed
-            ? releaseText(*I.At, I.what()) + " a " + I.handleNoun() +
-                  " whose rkey is still valid for the peer: no LOCAL_INV or "
-                  "checked remote invalidation on this path"
-            : releaseText(*I.At, I.what()) + " a " + I.handleNoun() +
-                  " without invalidating its rkey on some paths, while other "
-                  "paths of this function invalidate it first";
+    std::string Msg = releaseText(*I.At, I.what()) + " a " + I.handleNoun();
+    if (I.K == LifeIncident::ReleaseSkipsInvalidation)
+      Msg += " without invalidating its rkey on some paths, while other paths "
+             "of this function invalidate it first";
+    else if (I.Unconfirmed == LifeIncident::StatusUnchecked)
+      Msg += " when its LOCAL_INV completes, without checking the completion's "
+             "status: a LOCAL_INV that failed or was flushed leaves the rkey valid";
+    else if (I.Unconfirmed == LifeIncident::InvalidationFailed)
+      Msg += " after its LOCAL_INV completed in error: the rkey is still valid";
+    else
+      Msg += " whose rkey is still valid for the peer: no LOCAL_INV or checked "
+             "remote invalidation on this path";
     report(A, I.loc(), Msg + "; the peer keeps access to memory that is "
                              "handed back");
     if (I.Anchor)

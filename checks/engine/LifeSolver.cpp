@@ -101,6 +101,9 @@ struct PathState {
   /// The completion this function handles failed on this path
   /// (`wc->status != IB_WC_SUCCESS`).
   bool WcFailed = false;
+  /// Entered a LOCAL_INV's own done callback: the key is dead only once the
+  /// completion's status says the invalidation succeeded.
+  bool InvUnconfirmed = false;
   /// Tag failed because a post inside it failed (`return ib_post_send()`
   /// in a helper): nothing it would have sent went out.
   bool PostFailed = false;
@@ -125,7 +128,7 @@ struct PathState {
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
-                    Bound, Staged, Reported, ProducingLoop, WcFailed,
+                    Bound, Staged, Reported, ProducingLoop, WcFailed, InvUnconfirmed,
                     PostFailed, FreedLive, HeldAt, IterLoop, Carried,
                     UndoCarried, UndoWaited);
   }
@@ -141,13 +144,16 @@ struct EntryKey {
   Life L;
   bool Signaled, Waited;
   bool Carried = false;
+  bool InvUnconfirmed = false;
   bool operator<(const EntryKey &O) const {
-    return std::tie(L, Signaled, Waited, Carried) <
-           std::tie(O.L, O.Signaled, O.Waited, O.Carried);
+    return std::tie(L, Signaled, Waited, Carried, InvUnconfirmed) <
+           std::tie(O.L, O.Signaled, O.Waited, O.Carried, O.InvUnconfirmed);
   }
 };
 
-EntryKey keyOf(const PathState &S) { return {S.L, S.Signaled, S.Waited, S.Carried}; }
+EntryKey keyOf(const PathState &S) {
+  return {S.L, S.Signaled, S.Waited, S.Carried, S.InvUnconfirmed};
+}
 
 PathState entryState(EntryKey K) {
   PathState S;
@@ -155,6 +161,7 @@ PathState entryState(EntryKey K) {
   S.Signaled = K.Signaled;
   S.Waited = K.Waited;
   S.Carried = K.Carried;
+  S.InvUnconfirmed = K.InvUnconfirmed;
   S.Produced = S.Exposed = S.Inval = &EntryMarker;
   return S;
 }
@@ -216,6 +223,7 @@ private:
         OwnSlots[E.Fn].insert(E.Slot);
       if (E.K == LifeEventKind::InvalidatePost) {
         Invalidated.insert(E.Slot);
+        LocallyInvalidated.insert(E.Slot);
         Invalidators.insert(E.Fn);
         InvalidatesIn[E.Fn].insert(E.Slot);
       }
@@ -433,8 +441,12 @@ private:
   /// prepares the slot for an I/O; any resting state otherwise.
   std::vector<PathState> entries(const FunctionDecl *Fn, const SlotKey &Slot,
                                  llvm::ArrayRef<PathState> Resting) {
+    // The key the LOCAL_INV names is still good until the completion says
+    // it succeeded: a flushed or failed one left it valid.
     if (InvalidationCallbacks.count(Fn))
-      return {entryState({Life::Invalidated, true, false})};
+      return {LocallyInvalidated.count(Slot)
+                  ? entryState({Life::Exposed, true, false, false, true})
+                  : entryState({Life::Invalidated, true, false})};
     std::vector<PathState> Out(Resting.begin(), Resting.end());
     if (prepares(Fn, Slot) || releasesAfterUse(Fn, Slot))
       llvm::erase_if(Out, [](const PathState &S) {
@@ -754,6 +766,7 @@ private:
       if (S.Staged && S.L == Life::Live) {
         remember(S, E);
         S.L = Life::Exposed;
+        S.InvUnconfirmed = false;
         S.Exposed = S.Staged;
       }
       S.Staged = nullptr;
@@ -761,6 +774,11 @@ private:
     }
     if (E.Slot != W.Slot)
       return;
+    // A new exposure or invalidation replaces the one whose completion
+    // this callback handles.
+    if (E.K == LifeEventKind::Expose || E.K == LifeEventKind::InvalidatePost ||
+        E.K == LifeEventKind::InvalidateRemote)
+      S.InvUnconfirmed = false;
     switch (E.K) {
     case LifeEventKind::Produce:
       if (holds(S.L) && ownProduced(S) && E.Stable && S.Produced->Stable)
@@ -1217,6 +1235,8 @@ private:
       if (fromEntry(I) && J.K == LifeIncident::ReleaseWhileExposed &&
           trustsCompletion(W, S))
         continue;
+      if (fromEntry(I) && unconfirmed(S) != LifeIncident::Confirmed)
+        J.Unconfirmed = unconfirmed(S);
       // A handle this function did not produce either, overwritten by the
       // helper: the helper's statement is the mistake (dlm_space_grow's
       // `s->mr = nmr` reached from a poll loop), not this call.
@@ -1453,8 +1473,14 @@ private:
         S.ErrorBranch = If;
     }
     compareKeys(W, Cond, Term, Then, S);
-    if (std::optional<bool> Failed = completionFailed(Cond, Then))
+    if (std::optional<bool> Failed = completionFailed(Cond, Then)) {
       S.WcFailed = *Failed;
+      if (!*Failed && S.InvUnconfirmed) {
+        S.InvUnconfirmed = false;
+        if (S.L == Life::Exposed)
+          S.L = Life::Invalidated;
+      }
+    }
     // `if (wc->opcode == IBV_WC_LOCAL_INV)`, `if ((wc->wr_id & 3) == INV)`
     if (holds(S.L))
       if (const auto *BO = dyn_cast<BinaryOperator>(stripExpr(Cond)); BO && BO->isEqualityOp())
@@ -1607,6 +1633,7 @@ private:
     // would have invalidated it failed on this path (`ret = inv_rkey(..);
     // if (ret < 0) end_request(req)`): nothing came after an invalidation.
     return AfterUse.count(W.Slot) && !S.WcFailed && !S.Mismatch && !S.PostFailed &&
+           !S.InvUnconfirmed &&
            handlesCompletion(W.Fn);
   }
 
@@ -2136,7 +2163,15 @@ private:
     I.Mismatch = S.Mismatch;
     I.HeldAt = S.HeldAt;
     I.OwnFailure = failedHere(W, S);
+    I.Unconfirmed = unconfirmed(S);
     addIncident(W, I);
+  }
+
+  static LifeIncident::Confirmation unconfirmed(const PathState &S) {
+    if (!S.InvUnconfirmed || S.L != Life::Exposed)
+      return LifeIncident::Confirmed;
+    return S.WcFailed ? LifeIncident::InvalidationFailed
+                      : LifeIncident::StatusUnchecked;
   }
 
   /// Did this path see a post (or a helper that posts) of \p W's function
@@ -2156,6 +2191,8 @@ private:
   const TuAnalysis &A;
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
+  /// Slots some LOCAL_INV of the unit names.
+  std::set<SlotKey> LocallyInvalidated;
   std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Drops;
   /// Slots the unit invalidates after an I/O, not only before reuse.
   std::set<SlotKey> AfterUse;

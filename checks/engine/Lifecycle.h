@@ -135,6 +135,10 @@ struct LifeIncident {
   /// Reached after the function saw a post of its own fail and went on
   /// releasing: its mistake, whatever state its callers entered it in.
   bool OwnFailure = false;
+  /// ReleaseWhileExposed in a LOCAL_INV's done callback: the invalidation
+  /// was never confirmed by the completion's status, or it failed.
+  enum Confirmation { Confirmed, StatusUnchecked, InvalidationFailed };
+  Confirmation Unconfirmed = Confirmed;
 
   /// The location findings about this incident use.
   clang::SourceLocation loc() const;

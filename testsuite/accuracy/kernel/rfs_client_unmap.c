@@ -187,6 +187,7 @@ static void rfs_wc_localinv_done(struct ib_cq *cq, struct ib_wc *wc)
 
 	list_for_each_entry_safe(pos, tmp, &req->rl_registered, mr_list) {
 		list_del(&pos->mr_list);
+		/* BUG: rdma-invalidation-leak -- wc->status is never looked at: after a flushed or failed LOCAL_INV the rkeys are still valid (xprtrdma's frwr_wc_localinv_done returns early on failure) */
 		rfs_mr_put(pos); /* OK: rdma-unmap-before-invalidate -- runs from the completion of the chain's last, signaled LOCAL_INV */
 	}
 	rfs_complete_rqst(req);
