@@ -111,6 +111,8 @@ struct PathState {
   /// the registration may still stand: a deregistration later on this path
   /// proves it did.
   const LifeEvent *FreedLive = nullptr;
+  /// The call of this function through which FreedLive happened.
+  const Stmt *FreedVia = nullptr;
   /// Where this path learned that a handle it did not produce is there:
   /// the slot tested non-null, its key read, its memory freed.
   const Stmt *HeldAt = nullptr;
@@ -129,7 +131,7 @@ struct PathState {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
                     Bound, Staged, Reported, ProducingLoop, WcFailed, InvUnconfirmed,
-                    PostFailed, FreedLive, HeldAt, IterLoop, Carried,
+                    PostFailed, FreedLive, FreedVia, HeldAt, IterLoop, Carried,
                     UndoCarried, UndoWaited);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
@@ -444,7 +446,7 @@ private:
     // The key the LOCAL_INV names is still good until the completion says
     // it succeeded: a flushed or failed one left it valid.
     if (InvalidationCallbacks.count(Fn))
-      return {LocallyInvalidated.count(Slot)
+      return {LocallyInvalidated.count(Slot) && !keepsStatus(Fn)
                   ? entryState({Life::Exposed, true, false, false, true})
                   : entryState({Life::Invalidated, true, false})};
     std::vector<PathState> Out(Resting.begin(), Resting.end());
@@ -453,6 +455,34 @@ private:
         return S.L == Life::Exposed || S.L == Life::Claimed;
       });
     return Out;
+  }
+
+  /// `m->state = wc->status ? MR_ERROR : MR_FREE;`: the completion's
+  /// status is kept in a variable or field and tested there, which the
+  /// paths do not follow; the handler is taken to have looked.
+  bool keepsStatus(const FunctionDecl *Fn) {
+    auto [It, New] = KeepsStatus.try_emplace(Fn, false);
+    if (!New)
+      return It->second;
+    const ParentMap &PM = A.flow(Fn).parents();
+    std::function<bool(const Stmt *)> Visit = [&](const Stmt *S) {
+      if (!S)
+        return false;
+      if (const auto *ME = dyn_cast<MemberExpr>(S)) {
+        std::optional<FieldStore> F = A.classifyMember(ME);
+        if (F && F->Role == FieldRole::WcStatus)
+          for (const Stmt *P = PM.getParent(ME); P; P = PM.getParent(P)) {
+            if (isa<CallExpr, IfStmt>(P))
+              break; // logged, or tested where the paths see it
+            const auto *BO = dyn_cast<BinaryOperator>(P);
+            if ((BO && BO->isAssignmentOp()) ||
+                isa<DeclStmt, ConditionalOperator, ReturnStmt, SwitchStmt>(P))
+              return true;
+          }
+      }
+      return llvm::any_of(S->children(), Visit);
+    };
+    return It->second = Visit(Fn->getBody());
   }
 
   /// A root that only gives \p Slot back (nvme-rdma's unmap_data, reached
@@ -495,8 +525,12 @@ private:
     for (const LifeIncident &I : R.Incidents)
       commitIncident(boundIncident(I, Entry, Via));
     for (const Exit &X : R.Exits)
-      if (X.Error && X.S.Pending)
+      if (X.Error && X.S.Pending) {
         commitIncident(boundIncident(*X.S.Pending, Entry, Via));
+        if (std::optional<LifeIncident> I =
+                outlivedMemory(X.S.Pending->Slot, X.S.Pending->Fn, X.S))
+          commitIncident(boundIncident(*I, Entry, Via));
+      }
   }
 
   void commitIncidents(llvm::ArrayRef<LifeIncident> Incidents, const Stmt *Via) {
@@ -726,7 +760,8 @@ private:
           for (PathState &S : States) {
             if (E.K == LifeEventKind::Call) {
               call(W, E, S, Next);
-            } else if (E.Slot == W.Slot && S.Carried && endsHandle(E.K)) {
+            } else if (E.Slot == W.Slot && S.Carried &&
+                       (endsHandle(E.K) || E.K == LifeEventKind::Clear)) {
               Next.push_back(S); // another object than the state's
             } else {
               apply(W, E, S);
@@ -783,7 +818,7 @@ private:
     case LifeEventKind::Produce:
       if (holds(S.L) && ownProduced(S) && E.Stable && S.Produced->Stable)
         incident(W, LifeIncident::LeakOverwrite, &E, S);
-      else if (holds(S.L) && !ownProduced(S) && S.HeldAt)
+      else if (holds(S.L) && !ownProduced(S) && S.HeldAt && !W.Own)
         incident(W, LifeIncident::LeakOverwrite, &E, S);
       S = PathState();
       S.L = Life::Live;
@@ -816,6 +851,9 @@ private:
       S.Exposed = &E;
       break;
     case LifeEventKind::InvalidatePost:
+      // As for an exposure: the struct it was handed to answers for it.
+      if (S.L == Life::Escaped)
+        break;
       remember(S, E);
       S.L = Life::InvalPosted;
       S.Inval = &E;
@@ -846,8 +884,9 @@ private:
           (E.K == LifeEventKind::Clear || E.Stable))
         incident(W, LifeIncident::LeakOverwrite, &E, S);
       // A handle this path found there (`if (!r->mr) continue; ...
-      // r->mr = NULL;`), dropped without its release.
-      else if (holds(S.L) && !ownProduced(S) && S.HeldAt)
+      // r->mr = NULL;`), dropped without its release. A local holding a
+      // handle it did not produce borrowed it (`mr = path->mrs[i]`).
+      else if (holds(S.L) && !ownProduced(S) && S.HeldAt && !W.Own)
         incident(W, LifeIncident::LeakOverwrite, &E, S);
       S.HeldAt = nullptr;
       S.L = E.K == LifeEventKind::Clear ? Life::None : Life::Unknown;
@@ -936,6 +975,7 @@ private:
   void freedBeforeDeregister(Walk &W, const LifeEvent &Dereg, PathState &S) {
     const LifeEvent *Freed = S.FreedLive;
     S.FreedLive = nullptr;
+    S.FreedVia = nullptr;
     if (!Freed)
       return;
     // Already reported at the free (the key was out): say where the
@@ -979,7 +1019,7 @@ private:
     if (E.K == LifeEventKind::BufferRelease && !S.FreedLive &&
         (S.L == Life::Unknown || S.L == Life::Live || S.L == Life::Exposed) &&
         remoteUntilDeregistered(W.Slot))
-      S.FreedLive = &E;
+      S.FreedLive = &E, S.FreedVia = nullptr;
     // Memory that is no longer (or never was, on this path) behind the
     // handle: `ibv_rereg_mr()` moved it, or another buffer was mapped.
     if (E.K == LifeEventKind::BufferRelease && S.Bound && E.Binding &&
@@ -1032,8 +1072,10 @@ private:
     // The holder of a handle freed (not put back on a free list with its
     // handle): the handle leaks with it.
     if (E.K == LifeEventKind::ContainerRelease && !E.Recycle && holds(S.L) &&
-        S.Produced)
+        S.Produced) {
       incident(W, LifeIncident::LeakOverwrite, &E, S);
+      keyOutlivesMemory(W, S);
+    }
     // Unmapping the memory does not end the handle; the rest do.
     if (E.K != LifeEventKind::BufferRelease) {
       S.L = Life::Released;
@@ -1267,6 +1309,8 @@ private:
                       S.Undo != S.L && isPost(S.Tag) && waitsFor(E.Callee);
     for (const Exit &X : R.Exits) {
       PathState N = applied(X.S, S);
+      N.FreedVia = !N.FreedLive ? nullptr
+                   : N.FreedLive != S.FreedLive ? CE : S.FreedVia;
       if (N.Pending && N.Pending != S.Pending)
         N.Pending = latent(boundIncident(*N.Pending, S, CE));
       bool Undone = false;
@@ -1963,14 +2007,50 @@ private:
     if (!holds(S.L) || W.Param)
       return;
     if (W.Own) {
-      if (ownProduced(S))
+      if (ownProduced(S)) {
         addIncident(W, leak(W, RS, S));
+        keyOutlivesMemory(W, S);
+      }
       return;
     }
     // A shared slot keeps its handle for later; only an error return
     // abandons it.
-    if (Error && (S.Pending || (ownFresh(S) && unwinds(W, RS, S))))
+    if (Error && (S.Pending || (ownFresh(S) && unwinds(W, RS, S)))) {
       addIncident(W, S.Pending ? *S.Pending : leak(W, RS, S));
+      keyOutlivesMemory(W, S);
+    }
+  }
+
+  /// A leak on a path that freed the memory behind a registration with
+  /// remote rights (`free(staging); return -1;`, the MR never
+  /// deregistered): the peer's key outlives the memory it reaches.
+  void keyOutlivesMemory(Walk &W, const PathState &S) {
+    // A leak a helper left pending is the helper's, and so is its free.
+    const FunctionDecl *Leaker = S.Pending ? S.Pending->Fn : W.Fn;
+    if (std::optional<LifeIncident> I = outlivedMemory(W.Slot, Leaker, S)) {
+      I->Local = W.Own;
+      addIncident(W, *I);
+    }
+  }
+
+  std::optional<LifeIncident>
+  outlivedMemory(const SlotKey &Slot, const FunctionDecl *Fn, const PathState &S) {
+    if (!S.FreedLive || S.Reported)
+      return std::nullopt;
+    LifeIncident I;
+    I.K = LifeIncident::ReleaseWhileExposed;
+    I.Slot = Slot;
+    I.Fn = Fn;
+    I.At = S.FreedLive;
+    // The registration's key came from the caller when the handle did.
+    I.Exposed = S.Produced == &EntryMarker ? &EntryMarker : nullptr;
+    I.ErrorBranch = S.ErrorBranch;
+    // Freed by a helper of the leaking function: that call is the place.
+    if (S.FreedVia && S.FreedLive->Fn != Fn && within(Fn->getBody(), S.FreedVia)) {
+      I.Anchor = S.FreedVia;
+      I.AnchorFn = Fn;
+    }
+    return I;
   }
 
   /// One way out of a helper, as its callers will see it.
@@ -2191,6 +2271,7 @@ private:
   const TuAnalysis &A;
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
+  std::map<const FunctionDecl *, bool> KeepsStatus;
   /// Slots some LOCAL_INV of the unit names.
   std::set<SlotKey> LocallyInvalidated;
   std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Drops;

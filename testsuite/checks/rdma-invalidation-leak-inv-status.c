@@ -24,8 +24,10 @@ struct xp_mr {
   struct ib_cqe cqe;
   struct ib_send_wr inv_wr;
   struct ib_reg_wr reg_wr;
-  void (*done)(struct xp_mr *mr);
+  int state;
 };
+
+enum { XP_MR_FREE, XP_MR_STALE };
 
 struct xp_call {
   __be32 rkey;
@@ -34,6 +36,15 @@ struct xp_call {
 static void xp_mr_put(struct xp_mr *mr)
 {
   list_add(&mr->list, &mr->ep->free_mrs);
+}
+
+struct xp_mr *xp_mr_get(struct xp_ep *ep)
+{
+  struct xp_mr *mr = list_first_entry_or_null(&ep->free_mrs, struct xp_mr, list);
+
+  if (mr)
+    list_del_init(&mr->list);
+  return mr;
 }
 
 static void xp_mr_done(struct ib_wc *wc, struct xp_mr *mr)
@@ -85,6 +96,17 @@ static void xp_wc_localinv_helper(struct ib_cq *cq, struct ib_wc *wc)
   xp_mr_done(wc, mr);
 }
 
+// Near-miss: the status is kept in the MR's state (RDS style) and the MR
+// is freed only in the state a successful LOCAL_INV leaves.
+static void xp_wc_localinv_state(struct ib_cq *cq, struct ib_wc *wc)
+{
+  struct xp_mr *mr = container_of(wc->wr_cqe, struct xp_mr, cqe);
+
+  mr->state = wc->status == IB_WC_SUCCESS ? XP_MR_FREE : XP_MR_STALE;
+  if (mr->state == XP_MR_FREE)
+    xp_mr_put(mr);
+}
+
 // The chain: every LOCAL_INV signaled, each MR's cqe dispatching to one of
 // the handlers above.
 static void xp_arm(struct xp_mr *mr, int style)
@@ -98,6 +120,9 @@ static void xp_arm(struct xp_mr *mr, int style)
     break;
   case 2:
     mr->cqe.done = xp_wc_localinv_done;
+    break;
+  case 3:
+    mr->cqe.done = xp_wc_localinv_state;
     break;
   default:
     mr->cqe.done = xp_wc_localinv_helper;
