@@ -109,6 +109,7 @@ enum CounterMotion : unsigned {
   MovesDown = 2,
   MovesEither = 3,
   MovesCopied = 4, // set to a copy of other storage (a limit, a message field)
+  MovesSet = 8,    // with MovesEither: set to a computed value (`n = atoi(..)`)
 };
 
 struct CounterWrite {
@@ -157,7 +158,7 @@ public:
       return true;
     }
     case BO_Assign:
-      add(BO->getLHS(), assigned(Rhs));
+      add(BO->getLHS(), assigned(Rhs, BO->getLHS()));
       return true;
     default:
       add(BO->getLHS(), MovesEither);
@@ -173,7 +174,7 @@ public:
       case Effect::CounterAdd: add(Counter, MovesUp); break;
       case Effect::CounterSub: add(Counter, MovesDown); break;
       case Effect::CounterSet:
-        add(Counter, Value ? assigned(Value) : MovesEither);
+        add(Counter, Value ? assigned(Value, nullptr) : MovesEither);
         break;
       default: break;
       }
@@ -190,17 +191,24 @@ public:
 private:
   /// `x = 0` sets it, `x = c->depth` copies a limit or a message field;
   /// anything computed (`x = x + 1`, `x = n`, a call) may move it either way.
-  unsigned assigned(const Expr *Value) {
+  unsigned assigned(const Expr *Value, const Expr *Target) {
     if (auto V = A.values(Current).constant(Value))
-      return *V == 0 ? MovesNot : MovesEither;
+      return *V == 0 ? MovesNot : MovesEither | MovesSet;
     const Expr *Plain = stripExpr(Value);
+    // `x = x + 1` counts; `x = opts->depth * 2` sets a limit.
+    if (const auto *BO = dyn_cast<BinaryOperator>(Plain);
+        BO && Target && (BO->getOpcode() == BO_Add || BO->getOpcode() == BO_Sub)) {
+      auto L = locationOf(Target), Operand = locationOf(BO->getLHS());
+      if (L && Operand && A.sameStorage(*L, Current, *Operand, Current))
+        return BO->getOpcode() == BO_Add ? MovesUp : MovesDown;
+    }
     if (isa<MemberExpr>(Plain))
       return MovesCopied;
     if (const auto *DRE = dyn_cast<DeclRefExpr>(Plain))
       if (const auto *VD = dyn_cast<VarDecl>(DRE->getDecl()))
         if (VD->hasGlobalStorage())
           return MovesCopied;
-    return MovesEither;
+    return MovesEither | MovesSet;
   }
   void add(const Expr *Target, unsigned Moves) {
     if (auto L = locationOf(Target))
@@ -367,7 +375,7 @@ static const VarDecl *restartingLocal(const TuAnalysis &A, const FunctionDecl *F
     return nullptr;
   for (const CounterWrite &W : Writes)
     if (W.Fn == Fn && W.Target.Root == VD &&
-        (W.Moves == MovesEither || W.Moves == MovesCopied))
+        ((W.Moves & MovesEither) == MovesEither || W.Moves == MovesCopied))
       return nullptr; // fed from something computed
   return VD;
 }
@@ -380,10 +388,13 @@ void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
   llvm::DenseSet<const Expr *> Judged;
   for (const PostSite &P : W.posts())
     for (const WrSlot &S : P.Chain) {
-      if (S.Signal != WrSlot::Sometimes || !S.Flags)
+      if (S.Signal != WrSlot::Sometimes || (!S.Flags && !S.FlagsArg))
         continue;
-      const FieldStore &F = *S.Flags;
-      FlagSet V = A.values(F.Fn).flagsAfter(A.flow(F.Fn).resolve(F.Target), F.At);
+      FlagSet V;
+      if (const FieldStore *F = S.Flags)
+        V = A.values(F->Fn).flagsAfter(A.flow(F->Fn).resolve(F->Target), F->At);
+      else
+        V = A.values(P.Fn).flags(S.FlagsArg);
       for (const FlagAlt &Alt : V.Alts) {
         if (!(Alt.Known & Bit))
           continue;
@@ -399,14 +410,17 @@ void UnsignaledSendStarvationCheck::judgeCondition(
     llvm::ArrayRef<CounterWrite> Writes) {
   TestSplitter Split(A);
   Split.split(Cond);
-  for (const TestSplitter::Test &T : Split.Tests) {
+  // The read of \p T that can never let the test hold, and the restarting
+  // local it is, if any; null when the test may hold.
+  auto StuckIn = [&](const TestSplitter::Test &T)
+      -> std::pair<const CounterRead *, const VarDecl *> {
     if (!T.Compares || T.Reads.empty())
-      continue;
+      return {nullptr, nullptr};
     // One read that moves the way the test needs (`wr_cnt++ % interval`)
     // is a working counter; the others are limits.
     const CounterRead *Stuck = nullptr;
     const VarDecl *Restarting = nullptr;
-    bool Moves = false;
+    bool Moves = false, CountedMoves = false;
     for (const CounterRead &R : T.Reads) {
       if (const VarDecl *VD = restartingLocal(A, Fn, R, T.E, Writes)) {
         Restarting = VD;
@@ -417,27 +431,68 @@ void UnsignaledSendStarvationCheck::judgeCondition(
         Moves = true; // the caller decides
         continue;
       }
-      bool Found = llvm::any_of(Writes, [&](const CounterWrite &W) {
-        return (W.Moves & R.Needs) &&
-               A.sameStorage(W.Target, W.Fn, R.L, Fn);
-      });
+      bool Found = false, Counted = false;
+      for (const CounterWrite &W : Writes)
+        if ((W.Moves & R.Needs) && A.sameStorage(W.Target, W.Fn, R.L, Fn)) {
+          Found = true;
+          Counted |= !(W.Moves & MovesSet);
+        }
       Moves |= Found;
+      CountedMoves |= Counted;
       if (!Found && !Stuck)
         Stuck = &R;
     }
-    if (!Stuck || (Moves && !Restarting) || hasSideEffects(A, T.E, Restarting))
-      continue;
+    if (!Stuck || hasSideEffects(A, T.E, Restarting))
+      return {nullptr, nullptr};
+    // `since == p->cq_mod - 1`: a limit set from the configuration does not
+    // move a counter that is only ever reset.
+    auto Same = [&](const CounterWrite &W) {
+      return A.sameStorage(W.Target, W.Fn, Stuck->L, Fn);
+    };
+    bool OnlyReset = llvm::any_of(Writes, Same) &&
+                     llvm::all_of(Writes, [&](const CounterWrite &W) {
+                       return !Same(W) || W.Moves == MovesNot;
+                     });
+    if (Moves && !Restarting && (CountedMoves || !OnlyReset))
+      return {nullptr, nullptr};
     // `cmd->opcode == READ` on a value nothing here writes is a dispatch;
     // `since == 8` on a field the code resets is a counter.
     bool Written = llvm::any_of(Writes, [&](const CounterWrite &W) {
-      return W.Moves != MovesCopied && A.sameStorage(W.Target, W.Fn, Stuck->L, Fn);
+      return W.Moves != MovesCopied && Same(W);
     });
     if (!T.Counts && !Restarting && !Written)
-      continue;
-
-    reportStuck(A, Fn, *Stuck, Restarting);
-    return;
+      return {nullptr, nullptr};
+    return {Stuck, Restarting};
+  };
+  // `!count || refs > 1`: one test that may hold lets the branch run.
+  bool Disjunctive = hasDisjunction(Cond, false);
+  std::pair<const CounterRead *, const VarDecl *> First = {nullptr, nullptr};
+  for (const TestSplitter::Test &T : Split.Tests) {
+    auto Verdict = StuckIn(T);
+    if (!Verdict.first && Disjunctive)
+      return;
+    if (Verdict.first && !First.first) {
+      First = Verdict;
+      if (!Disjunctive)
+        break;
+    }
   }
+  if (First.first)
+    reportStuck(A, Fn, *First.first, First.second);
+}
+
+/// Does \p E, read as a condition, hold when any one of several tests
+/// holds (`a || b`, `!(a && b)`)?
+bool UnsignaledSendStarvationCheck::hasDisjunction(const Expr *E, bool Negated) {
+  E = stripExpr(E);
+  if (const auto *UO = dyn_cast<UnaryOperator>(E); UO && UO->getOpcode() == UO_LNot)
+    return hasDisjunction(UO->getSubExpr(), !Negated);
+  const auto *BO = dyn_cast<BinaryOperator>(E);
+  if (!BO || !BO->isLogicalOp())
+    return false;
+  if ((BO->getOpcode() == BO_LOr) != Negated)
+    return true;
+  return hasDisjunction(BO->getLHS(), Negated) || hasDisjunction(BO->getRHS(), Negated);
 }
 
 void UnsignaledSendStarvationCheck::reportStuck(const TuAnalysis &A,

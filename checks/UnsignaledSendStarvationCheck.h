@@ -28,6 +28,7 @@ private:
   void judgeCondition(const TuAnalysis &A, const clang::FunctionDecl *Fn,
                       const clang::Expr *Cond,
                       llvm::ArrayRef<CounterWrite> Writes);
+  static bool hasDisjunction(const clang::Expr *E, bool Negated);
   void reportStuck(const TuAnalysis &A, const clang::FunctionDecl *Fn,
                    const CounterRead &R, const clang::VarDecl *Restarting);
   void exportMoves(const TuAnalysis &A, llvm::ArrayRef<CounterWrite> Writes);

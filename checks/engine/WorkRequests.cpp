@@ -832,12 +832,22 @@ private:
     if (Flags.empty() || !signaledBit())
       return WrSlot::Unknown;
     FlagSet All;
+    const FieldStore *Deciding = nullptr;
     for (const Bound &B : Flags) {
       const FieldStore *FS = B.Store;
+      FlagSet V = A.values(FS->Fn).flagsAfter(A.flow(FS->Fn).resolve(FS->Target),
+                                              FS->At);
+      // The store that may signal is where the decision is made (`|=
+      // SIGNALED` in the post loop, not `= 0` in a setup helper).
+      if (!Deciding && llvm::any_of(V.Alts, [&](const FlagAlt &Alt) {
+            return Alt.Known & signaledBit();
+          }))
+        Deciding = FS;
       N.S.Flags = FS;
-      All.add(A.values(FS->Fn).flagsAfter(A.flow(FS->Fn).resolve(FS->Target),
-                                          FS->At));
+      All.add(V);
     }
+    if (Deciding)
+      N.S.Flags = Deciding;
     return classify(All);
   }
 
@@ -939,6 +949,8 @@ void addExtendedPosts(const TuAnalysis &A, const Loops &Loop,
               Any = true;
               Some |= Alt.mayHave(Bit);
               All &= bool(Alt.Known & Bit);
+              if ((Alt.Known & Bit) && !S.Flags)
+                S.Flags = &FS; // where the signaling decision is made
             }
           }
         }
@@ -965,6 +977,7 @@ PostSite cmPost(const TuAnalysis &A, const ApiCall &C) {
   S.Ops.push_back(C.Model->Op);
   S.Loc = C.Call->getBeginLoc();
   if (const Expr *Flags = C.arg(ArgRole::SendFlags)) {
+    S.FlagsArg = Flags;
     uint64_t Bit = A.flagBit(Flag::Signaled);
     FlagSet V = A.values(C.Caller).flags(Flags);
     bool Some = false, All = true;

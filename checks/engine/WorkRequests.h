@@ -50,6 +50,8 @@ struct WrSlot {
   SignalKind Signal = Unknown;
   /// Where the signaling decision is made (send_flags store), if anywhere.
   const FieldStore *Flags = nullptr;
+  /// ... or the flags argument of the post (`rdma_post_send(.., flags)`).
+  const clang::Expr *FlagsArg = nullptr;
   clang::SourceLocation Loc; // where its opcode is set
   /// Send-queue entries this work request takes in one post: the elements
   /// of a WR array linked to each other, or the appends made in a loop.
