@@ -1277,6 +1277,11 @@ private:
       if (fromEntry(I) && J.K == LifeIncident::ReleaseWhileExposed &&
           trustsCompletion(W, S))
         continue;
+      // This path already reported its missing or unawaited invalidation:
+      // the helper's release is the same mistake.
+      if (fromEntry(I) && S.Reported && J.K != LifeIncident::LeakAtReturn &&
+          J.K != LifeIncident::LeakOverwrite)
+        continue;
       if (fromEntry(I) && unconfirmed(S) != LifeIncident::Confirmed)
         J.Unconfirmed = unconfirmed(S);
       // A handle this function did not produce either, overwritten by the
@@ -1397,16 +1402,32 @@ private:
         It->second = llvm::any_of(A.flow(Fn).defs(), [&](const Def &D) {
           const auto *VD = dyn_cast_or_null<VarDecl>(D.Target.Root);
           if (!VD || isa<ParmVarDecl>(VD) || !D.Target.Steps.empty() || !D.S ||
-              !VD->getType()->isPointerType())
+              !within(P, D.S))
+            return false;
+          // `void *ctx = WRID_PTR(wc[i].wr_id)`: each completion of a poll
+          // loop names its own object, whatever it is cast to later.
+          if (D.K == Def::Assign && readsWrId(D.Value))
+            return true;
+          if (!VD->getType()->isPointerType())
             return false;
           const RecordDecl *Pointee = VD->getType()->getPointeeType()->getAsRecordDecl();
-          return Pointee && Pointee->getCanonicalDecl() == RD->getCanonicalDecl() &&
-                 within(P, D.S);
+          return Pointee && Pointee->getCanonicalDecl() == RD->getCanonicalDecl();
         });
       if (It->second)
         return P;
     }
     return nullptr;
+  }
+
+  /// Does \p E read a work completion's wr_id?
+  bool readsWrId(const Stmt *E) {
+    if (!E)
+      return false;
+    if (const auto *ME = dyn_cast<MemberExpr>(E))
+      if (std::optional<FieldStore> F = A.classifyMember(ME);
+          F && F->Role == FieldRole::WcWrId)
+        return true;
+    return llvm::any_of(E->children(), [&](const Stmt *C) { return readsWrId(C); });
   }
 
   /// The integer arguments of \p CE that are constants here: literals, or

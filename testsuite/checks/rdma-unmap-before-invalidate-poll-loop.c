@@ -109,3 +109,49 @@ int vb_abort_all(struct vb_dev *d, int count)
   }
   return 0;
 }
+
+/* The same loop written with an untyped context (libfabric style): the
+ * completion's wr_id carries a pointer the handlers cast themselves. */
+#define VB_WRID_PTR(id) ((void *)(uintptr_t)((id) & ~(uint64_t)TAG_MASK))
+#define VB_WRID_OP(id) ((unsigned)((id) & TAG_MASK))
+
+int vb_poll_untyped(struct vb_dev *d)
+{
+  struct ibv_wc wc[16];
+  int n = ibv_poll_cq(d->cq, 16, wc);
+
+  for (int k = 0; k < n; k++) {
+    void *ctx = VB_WRID_PTR(wc[k].wr_id);
+
+    switch (VB_WRID_OP(wc[k].wr_id)) {
+    case TAG_RECV:
+      vb_recv_done(d, ctx);
+      break;
+    case TAG_INV:
+      vb_inv_done(d, ctx, &wc[k]); /* another request than the one just invalidated */
+      break;
+    }
+  }
+  return n;
+}
+
+static void vb_release(struct vb_dev *d, struct vb_req *r)
+{
+  free(r->buf);
+  r->buf = NULL;
+  vb_put(d, r);
+}
+
+/* One mistake, one finding: the free right after the unawaited LOCAL_INV;
+ * the helper that gives the request back is the same mistake. */
+int vb_cancel(struct vb_dev *d, struct vb_req *r)
+{
+  if (vb_post_inv(d, r))
+    return -1;
+  free(r->buf);
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: 'free' runs right after posting a LOCAL_INV that nothing waits for
+  // CHECK-MESSAGES: :58:10: note: LOCAL_INV posted here
+  r->buf = NULL;
+  vb_release(d, r);
+  return 0;
+}
