@@ -1419,6 +1419,23 @@ private:
     return nullptr;
   }
 
+  /// Does \p Fn return the constant 0 somewhere?
+  bool returnsZero(const FunctionDecl *Fn) {
+    auto [It, New] = ReturnsZero.try_emplace(Fn, false);
+    if (!New)
+      return It->second;
+    std::function<bool(const Stmt *)> Visit = [&](const Stmt *S) {
+      if (!S)
+        return false;
+      if (const auto *RS = dyn_cast<ReturnStmt>(S))
+        if (const Expr *V = RS->getRetValue())
+          if (auto C = A.values(Fn).constant(stripExpr(V)); C && *C == 0)
+            return true;
+      return llvm::any_of(S->children(), Visit);
+    };
+    return It->second = Visit(Fn->getBody());
+  }
+
   /// Does \p E read a work completion's wr_id?
   bool readsWrId(const Stmt *E) {
     if (!E)
@@ -1988,10 +2005,17 @@ private:
       return S.ErrorBranch != nullptr;
     const Expr *V = stripExpr(RS->getRetValue());
     // `return false;` of a bool function: C's `false` is an int 0.
-    if (auto C = A.values(W.Fn).constant(V))
-      return V->getType()->isBooleanType() || W.Fn->getReturnType()->isBooleanType()
-                 ? *C == 0
-                 : *C < 0;
+    if (auto C = A.values(W.Fn).constant(V)) {
+      if (V->getType()->isBooleanType() || W.Fn->getReturnType()->isBooleanType())
+        return *C == 0;
+      // perftest's `return FAILURE;` (1) after `goto err`, in a function
+      // that returns SUCCESS (0) when it gets through.
+      // Only a plain int: a status type (blk_status_t) says more itself.
+      if (*C > 0 && S.ErrorBranch && isa<BuiltinType>(W.Fn->getReturnType()) &&
+          returnsZero(W.Fn))
+        return true;
+      return *C < 0;
+    }
     if (const auto *UO = dyn_cast<UnaryOperator>(V))
       if (UO->getOpcode() == UO_Minus)
         return true;
@@ -2292,7 +2316,7 @@ private:
   const TuAnalysis &A;
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
-  std::map<const FunctionDecl *, bool> KeepsStatus;
+  std::map<const FunctionDecl *, bool> KeepsStatus, ReturnsZero;
   /// Slots some LOCAL_INV of the unit names.
   std::set<SlotKey> LocallyInvalidated;
   std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Drops;

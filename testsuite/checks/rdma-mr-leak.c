@@ -371,3 +371,59 @@ unwind:
   b->pmr = NULL;
   return -1;
 }
+
+/* perftest style: SUCCESS is 0 and FAILURE is 1, and the error labels
+   unwind what was set up before the failure. */
+#define DEMO_SUCCESS 0
+#define DEMO_FAILURE 1
+
+struct demo_ctx {
+  struct ibv_context *context;
+  struct ibv_pd *pd;
+  struct ibv_cq *send_cq, *recv_cq;
+  struct ibv_mr *ctrl_mr;
+  char *ctrl_buf;
+};
+
+int demo_ctx_init(struct demo_ctx *ctx) {
+  ctx->ctrl_buf = calloc(1, 4096);
+  if (!ctx->ctrl_buf)
+    return DEMO_FAILURE;
+  ctx->ctrl_mr = ibv_reg_mr(ctx->pd, ctx->ctrl_buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  if (!ctx->ctrl_mr)
+    goto buf_err;
+  ctx->send_cq = ibv_create_cq(ctx->context, 64, NULL, NULL, 0);
+  if (!ctx->send_cq)
+    goto buf_err;
+  ctx->recv_cq = ibv_create_cq(ctx->context, 64, NULL, NULL, 0);
+  if (!ctx->recv_cq)
+    goto scq_err;
+  return DEMO_SUCCESS;
+
+scq_err:
+  ibv_destroy_cq(ctx->send_cq);
+buf_err:
+  free(ctx->ctrl_buf);
+  return DEMO_FAILURE;
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: error path returns without releasing the memory region from 'ibv_reg_mr'
+}
+
+/* Near-miss: the same unwinding with the registration released. */
+int demo_ctx_init_ok(struct demo_ctx *ctx) {
+  ctx->ctrl_buf = calloc(1, 4096);
+  if (!ctx->ctrl_buf)
+    return DEMO_FAILURE;
+  ctx->ctrl_mr = ibv_reg_mr(ctx->pd, ctx->ctrl_buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+  if (!ctx->ctrl_mr)
+    goto buf_err;
+  ctx->send_cq = ibv_create_cq(ctx->context, 64, NULL, NULL, 0);
+  if (!ctx->send_cq)
+    goto mr_err;
+  return DEMO_SUCCESS;
+
+mr_err:
+  ibv_dereg_mr(ctx->ctrl_mr);
+buf_err:
+  free(ctx->ctrl_buf);
+  return DEMO_FAILURE;
+}
