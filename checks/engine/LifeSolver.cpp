@@ -43,6 +43,8 @@ constexpr unsigned CallDepth = 8;
 constexpr unsigned RestingRounds = 8;
 /// Resting states kept per slot.
 constexpr unsigned RestingStates = 12;
+/// Outcomes of repeated setting tests a path remembers.
+constexpr unsigned DecidedSettings = 2;
 } // namespace budget
 
 namespace {
@@ -63,6 +65,16 @@ bool holds(Life L) {
   return L == Life::Live || L == Life::Exposed || L == Life::Claimed ||
          L == Life::InvalPosted || L == Life::Invalidated;
 }
+
+/// A test of a setting: its storage, and the constant it is compared
+/// with for equality (none: tested for truth).
+struct SettingTest {
+  SlotKey Setting;
+  std::optional<int64_t> Equals;
+  auto tie() const { return std::tie(Setting, Equals); }
+  bool operator<(const SettingTest &O) const { return tie() < O.tie(); }
+  bool operator==(const SettingTest &O) const { return tie() == O.tie(); }
+};
 
 /// Stands for "whatever the caller had" in a summary's states and
 /// incidents; applying the summary puts the caller's value in its place.
@@ -126,13 +138,17 @@ struct PathState {
   /// Carried and Waited before the post Tag: a failed post leaves the
   /// state as it was.
   bool UndoCarried = false, UndoWaited = false;
+  /// Outcomes of tests on settings this function never writes
+  /// (`user_param->aes_xts`, `p->verb == SEND`) that it tests more than
+  /// once: a later test of the same setting goes the same way.
+  llvm::SmallVector<std::pair<SettingTest, bool>, 2> Decided;
 
   auto tie() const {
     return std::tie(L, Signaled, Waited, Outcome, Undo, Produced, Exposed,
                     Inval, UndoExposed, ErrorBranch, Tag, Mismatch, Pending,
                     Bound, Staged, Reported, ProducingLoop, WcFailed, InvUnconfirmed,
                     PostFailed, FreedLive, FreedVia, HeldAt, IterLoop, Carried,
-                    UndoCarried, UndoWaited);
+                    UndoCarried, UndoWaited, Decided);
   }
   bool operator<(const PathState &O) const { return tie() < O.tie(); }
   bool operator==(const PathState &O) const { return tie() == O.tie(); }
@@ -586,6 +602,7 @@ private:
 
   /// A summary's exit state seen from the caller whose state was \p Caller.
   static PathState applied(PathState X, const PathState &Caller) {
+    X.Decided = Caller.Decided; // the helper's tests are of its own settings
     X.Produced = bind(X.Produced, Caller.Produced, &EntryMarker);
     X.Exposed = bind(X.Exposed, Caller.Exposed, &EntryMarker);
     X.Inval = bind(X.Inval, Caller.Inval, &EntryMarker);
@@ -820,7 +837,7 @@ private:
         incident(W, LifeIncident::LeakOverwrite, &E, S);
       else if (holds(S.L) && !ownProduced(S) && S.HeldAt && !W.Own)
         incident(W, LifeIncident::LeakOverwrite, &E, S);
-      S = PathState();
+      S = restarted(S);
       S.L = Life::Live;
       S.Produced = &E;
       S.Bound = E.Binding;
@@ -831,10 +848,10 @@ private:
       S.Bound = E.Binding;
       break;
     case LifeEventKind::Fresh:
-      S = PathState();
+      S = restarted(S);
       break;
     case LifeEventKind::Repoint:
-      S = PathState();
+      S = restarted(S);
       S.L = Life::Unknown;
       break;
     case LifeEventKind::KeyStaged:
@@ -1419,6 +1436,91 @@ private:
     return nullptr;
   }
 
+  /// A fresh state for a new handle; what the path learned of the
+  /// settings it tested stays.
+  static PathState restarted(const PathState &S) {
+    PathState N;
+    N.Decided = S.Decided;
+    return N;
+  }
+
+  /// Records, or checks against the record, the outcome of a test of a
+  /// setting this function tests more than once and never writes: the
+  /// creation under `if (user_param->aes_xts)` and the unwinding under the
+  /// same test go the same way. False when this edge contradicts it.
+  bool decideSetting(const Walk &W, const Expr *Cond, bool Then, PathState &S) {
+    bool Negated = false;
+    std::optional<SettingTest> T = settingTest(W.Fn, stripNegation(Cond, Negated));
+    if (!T || testsOf(W.Fn).count(*T) < 2)
+      return true;
+    bool Holds = Then != Negated;
+    for (const auto &[Known, Value] : S.Decided)
+      if (Known == *T)
+        return Value == Holds;
+    if (S.Decided.size() < budget::DecidedSettings) {
+      S.Decided.push_back({*T, Holds});
+      llvm::sort(S.Decided);
+    }
+    return true;
+  }
+
+  /// `p->use_odp`, `user_param->verb == SEND`, `!c->oneshot`: a test of an
+  /// integer field or variable against nothing or a constant.
+  std::optional<SettingTest> settingTest(const FunctionDecl *Fn, const Expr *E) {
+    E = stripExpr(E);
+    std::optional<int64_t> Equals;
+    if (const auto *BO = dyn_cast<BinaryOperator>(E); BO && BO->getOpcode() == BO_EQ) {
+      if (auto C = A.values(Fn).constant(BO->getRHS()))
+        Equals = *C, E = stripExpr(BO->getLHS());
+      else if (auto C = A.values(Fn).constant(BO->getLHS()))
+        Equals = *C, E = stripExpr(BO->getRHS());
+      else
+        return std::nullopt;
+    }
+    if (!isa<MemberExpr, DeclRefExpr>(E) || !E->getType()->isIntegralOrEnumerationType())
+      return std::nullopt;
+    std::optional<Location> L = locationOf(E);
+    if (!L || (L->Steps.empty() && !isa<ParmVarDecl>(L->Root) &&
+               !(isa<VarDecl>(L->Root) && cast<VarDecl>(L->Root)->hasGlobalStorage())))
+      return std::nullopt;
+    Location R = A.flow(Fn).resolve(*L);
+    SlotKey Key = SlotKey::of(R, Fn);
+    if (writtenIn(Fn, Key))
+      return std::nullopt;
+    return SettingTest{Key, Equals};
+  }
+
+  bool writtenIn(const FunctionDecl *Fn, const SlotKey &Key) {
+    return llvm::any_of(A.flow(Fn).defs(), [&](const Def &D) {
+      return SlotKey::of(A.flow(Fn).resolve(D.Target), Fn) == Key;
+    });
+  }
+
+  /// How often each setting is tested in \p Fn's branch conditions.
+  const std::multiset<SettingTest> &testsOf(const FunctionDecl *Fn) {
+    auto [It, New] = SettingTests.try_emplace(Fn);
+    if (!New)
+      return It->second;
+    std::function<void(const Stmt *)> Visit = [&](const Stmt *St) {
+      if (!St)
+        return;
+      const Expr *Cond = nullptr;
+      if (const auto *If = dyn_cast<IfStmt>(St))
+        Cond = If->getCond();
+      else if (const auto *CO = dyn_cast<ConditionalOperator>(St))
+        Cond = CO->getCond();
+      if (Cond) {
+        bool Negated = false;
+        if (auto T = settingTest(Fn, stripNegation(Cond, Negated)))
+          It->second.insert(*T);
+      }
+      for (const Stmt *C : St->children())
+        Visit(C);
+    };
+    Visit(Fn->getBody());
+    return It->second;
+  }
+
   /// Does \p Fn return the constant 0 somewhere?
   bool returnsZero(const FunctionDecl *Fn) {
     auto [It, New] = ReturnsZero.try_emplace(Fn, false);
@@ -1527,6 +1629,8 @@ private:
     bool Then = Index == 0;
     if (std::optional<bool> Holds = constantTest(W, Cond); Holds && *Holds != Then)
       return false; // `if (can_wait)` with the caller's `true`
+    if (!decideSetting(W, Cond, Then, S))
+      return false; // `if (p->aes_xts)` went the other way before
     if (auto Null = nullTest(W, Cond)) {
       if (*Null == Then && S.L != Life::Escaped) {
         S.L = Life::None;
@@ -2317,6 +2421,7 @@ private:
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
   std::map<const FunctionDecl *, bool> KeepsStatus, ReturnsZero;
+  std::map<const FunctionDecl *, std::multiset<SettingTest>> SettingTests;
   /// Slots some LOCAL_INV of the unit names.
   std::set<SlotKey> LocallyInvalidated;
   std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Drops;

@@ -427,3 +427,70 @@ buf_err:
   free(ctx->ctrl_buf);
   return DEMO_FAILURE;
 }
+
+/* Settings the function tests twice and never changes: the unwinding
+   releases what the setup created under the same test. */
+struct demo_params {
+  int use_mw;
+  int verb;
+};
+
+struct demo_res {
+  struct ibv_pd *pd;
+  struct ibv_mw *mw;
+  struct ibv_mr *mr;
+  struct ibv_cq *cq;
+  struct ibv_context *context;
+};
+
+/* Near-miss: the window exists exactly when use_mw is set. */
+int demo_res_init(struct demo_res *r, struct demo_params *p, char *buf) {
+  r->mr = ibv_reg_mr(r->pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  if (!r->mr)
+    return DEMO_FAILURE;
+  if (p->use_mw) {
+    r->mw = ibv_alloc_mw(r->pd, IBV_MW_TYPE_2);
+    if (!r->mw)
+      goto mr_err;
+  }
+  if (p->verb == 2) {
+    r->cq = ibv_create_cq(r->context, 64, NULL, NULL, 0);
+    if (!r->cq)
+      goto mw_err;
+  }
+  return DEMO_SUCCESS;
+
+mw_err:
+  if (p->use_mw)
+    ibv_dealloc_mw(r->mw);
+mr_err:
+  ibv_dereg_mr(r->mr);
+  return DEMO_FAILURE;
+}
+
+/* Positive: the unwinding tests another setting than the one that
+   created the window. */
+int demo_res_init_bad(struct demo_res *r, struct demo_params *p, char *buf) {
+  r->mr = ibv_reg_mr(r->pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  if (!r->mr)
+    return DEMO_FAILURE;
+  if (p->use_mw) {
+    r->mw = ibv_alloc_mw(r->pd, IBV_MW_TYPE_2);
+    if (!r->mw)
+      goto mr_err;
+  }
+  if (p->verb == 2) {
+    r->cq = ibv_create_cq(r->context, 64, NULL, NULL, 0);
+    if (!r->cq)
+      goto mw_err;
+  }
+  return DEMO_SUCCESS;
+
+mw_err:
+  if (p->verb == 3)
+    ibv_dealloc_mw(r->mw);
+mr_err:
+  ibv_dereg_mr(r->mr);
+  return DEMO_FAILURE;
+  // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: error path returns without releasing the memory window from 'ibv_alloc_mw'
+}
