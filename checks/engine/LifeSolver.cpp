@@ -742,6 +742,10 @@ private:
         for (PathState S : Out) {
           if (!edge(W, *B, ThisIndex, *SB, S))
             continue;
+          // Under pressure, forget the settings tested before: fewer
+          // distinct states, at the price of paths a setting rules out.
+          if (Target.size() >= budget::StatesPerBlock / 2)
+            S.Decided.clear();
           if (Target.size() < budget::StatesPerBlock)
             Target.insert(S);
           else if (!Target.count(S))
