@@ -1452,10 +1452,15 @@ private:
   /// setting this function tests more than once and never writes: the
   /// creation under `if (user_param->aes_xts)` and the unwinding under the
   /// same test go the same way. False when this edge contradicts it.
-  bool decideSetting(const Walk &W, const Expr *Cond, bool Then, PathState &S) {
+  bool decideSetting(const Walk &W, const Stmt *Term, const Expr *Cond, bool Then,
+                     PathState &S) {
     bool Negated = false;
     std::optional<SettingTest> T = settingTest(W.Fn, stripNegation(Cond, Negated));
     if (!T || testsOf(W.Fn).count(*T) < 2)
+      return true;
+    // Only settings that guard something done to the walk's slot somewhere
+    // are worth the states they split.
+    if (!guardingSettings(W).count(*T))
       return true;
     bool Holds = Then != Negated;
     for (const auto &[Known, Value] : S.Decided)
@@ -1466,6 +1471,43 @@ private:
       llvm::sort(S.Decided);
     }
     return true;
+  }
+
+  /// The settings some `if` of the walk's function tests around an event
+  /// of the walk's slot.
+  const std::set<SettingTest> &guardingSettings(const Walk &W) {
+    auto [It, New] = GuardingSettings.try_emplace({W.Fn, W.Slot});
+    if (!New)
+      return It->second;
+    std::function<void(const Stmt *)> Visit = [&](const Stmt *St) {
+      if (!St)
+        return;
+      if (const auto *If = dyn_cast<IfStmt>(St); If && guardsSlot(W, If)) {
+        bool Negated = false;
+        if (auto T = settingTest(W.Fn, stripNegation(If->getCond(), Negated)))
+          It->second.insert(*T);
+      }
+      for (const Stmt *C : St->children())
+        Visit(C);
+    };
+    Visit(W.Fn->getBody());
+    return It->second;
+  }
+
+  /// Does the statement \p Term branches in hold an event of the walk's
+  /// slot, or a call of a helper that has one?
+  bool guardsSlot(const Walk &W, const Stmt *Term) {
+    auto [It, New] = Guards.try_emplace({Term, W.Slot}, false);
+    if (!New)
+      return It->second;
+    return It->second = llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+      if (E.Fn != W.Fn || !E.S || !within(Term, E.S))
+        return false;
+      if (E.Slot == W.Slot)
+        return true;
+      return E.K == LifeEventKind::Call && E.Callee && W.Slot.isShared() &&
+             sharedTouched(E.Callee).count(W.Slot) != 0;
+    });
   }
 
   /// `p->use_odp`, `user_param->verb == SEND`, `!c->oneshot`: a test of an
@@ -1633,7 +1675,7 @@ private:
     bool Then = Index == 0;
     if (std::optional<bool> Holds = constantTest(W, Cond); Holds && *Holds != Then)
       return false; // `if (can_wait)` with the caller's `true`
-    if (!decideSetting(W, Cond, Then, S))
+    if (!decideSetting(W, Term, Cond, Then, S))
       return false; // `if (p->aes_xts)` went the other way before
     if (auto Null = nullTest(W, Cond)) {
       if (*Null == Then && S.L != Life::Escaped) {
@@ -2426,6 +2468,8 @@ private:
   std::set<SlotKey> SharedSlots, Invalidated;
   std::map<const FunctionDecl *, bool> KeepsStatus, ReturnsZero;
   std::map<const FunctionDecl *, std::multiset<SettingTest>> SettingTests;
+  std::map<std::pair<const Stmt *, SlotKey>, bool> Guards;
+  std::map<std::pair<const FunctionDecl *, SlotKey>, std::set<SettingTest>> GuardingSettings;
   /// Slots some LOCAL_INV of the unit names.
   std::set<SlotKey> LocallyInvalidated;
   std::map<std::pair<const FunctionDecl *, SlotKey>, bool> Drops;
