@@ -498,17 +498,6 @@ TuAnalysis::producersOf(const Location &Handle, const FunctionDecl *Where,
   return Found;
 }
 
-namespace {
-struct ReturnFinder : RecursiveASTVisitor<ReturnFinder> {
-  std::vector<const Expr *> Values;
-  bool VisitReturnStmt(ReturnStmt *RS) {
-    if (RS->getRetValue())
-      Values.push_back(RS->getRetValue());
-    return true;
-  }
-};
-} // namespace
-
 std::vector<const ApiCall *>
 TuAnalysis::returnedProducers(const FunctionDecl *FD,
                               llvm::ArrayRef<Effect> Effects,
@@ -516,9 +505,7 @@ TuAnalysis::returnedProducers(const FunctionDecl *FD,
   std::vector<const ApiCall *> Found;
   if (!FD || !llvm::is_contained(Functions, FD))
     return Found;
-  ReturnFinder RF;
-  RF.TraverseStmt(FD->getBody());
-  for (const Expr *V : RF.Values) {
+  for (const Expr *V : returnValues(FD)) {
     const Expr *S = stripExpr(V);
     if (const auto *CE = dyn_cast<CallExpr>(S)) {
       for (const ApiCall &C : Calls)

@@ -528,6 +528,12 @@ struct ReturnValues : RecursiveASTVisitor<ReturnValues> {
 };
 } // namespace
 
+llvm::SmallVector<const Expr *, 4> returnValues(const FunctionDecl *Fn) {
+  ReturnValues RV;
+  RV.TraverseStmt(Fn->getBody());
+  return std::move(RV.Values);
+}
+
 /// Statements that end a case of a switch: control does not fall through.
 static bool endsCase(const Stmt *S) {
   while (const auto *SC = dyn_cast_or_null<SwitchCase>(S))
@@ -614,9 +620,8 @@ FlagSet ValueEval::evalCall(const CallExpr *CE, unsigned Depth) const {
     Callee = Callee->getDefinition();
   if (!Callee || Depth > 8 || !llvm::is_contained(A.functions(), Callee))
     return Unknown;
-  ReturnValues RV;
-  RV.TraverseStmt(Callee->getBody());
-  if (RV.Values.empty())
+  llvm::SmallVector<const Expr *, 4> Returned = returnValues(Callee);
+  if (Returned.empty())
     return Unknown;
   ValueEval Inner(A, A.flow(Callee), Depth + 4);
   const ParentMap &PM = A.flow(Callee).parents();
@@ -626,11 +631,11 @@ FlagSet ValueEval::evalCall(const CallExpr *CE, unsigned Depth) const {
     return constant(CE->getArg(I));
   };
   FlagSet Result;
-  for (const Expr *V : RV.Values)
+  for (const Expr *V : Returned)
     if (!skippedCase(PM, Callee, PM.getParent(V), Arg))
       Result.add(Inner.eval(V, Depth + 4));
   if (Result.empty())
-    for (const Expr *V : RV.Values)
+    for (const Expr *V : Returned)
       Result.add(Inner.eval(V, Depth + 4));
   return Result;
 }

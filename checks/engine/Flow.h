@@ -67,6 +67,8 @@ std::optional<Location> locationOf(const clang::Expr *E);
 
 /// Strip parens, implicit and explicit casts.
 const clang::Expr *stripExpr(const clang::Expr *E);
+/// The values \p Fn's return statements give back, in body order.
+llvm::SmallVector<const clang::Expr *, 4> returnValues(const clang::FunctionDecl *Fn);
 /// The innermost for, while or do loop around \p S (null outside loops).
 const clang::Stmt *enclosingLoop(const clang::ParentMap &PM, const clang::Stmt *S);
 

@@ -1452,11 +1452,10 @@ private:
   /// setting this function tests more than once and never writes: the
   /// creation under `if (user_param->aes_xts)` and the unwinding under the
   /// same test go the same way. False when this edge contradicts it.
-  bool decideSetting(const Walk &W, const Stmt *Term, const Expr *Cond, bool Then,
-                     PathState &S) {
+  bool decideSetting(const Walk &W, const Expr *Cond, bool Then, PathState &S) {
     bool Negated = false;
     std::optional<SettingTest> T = settingTest(W.Fn, stripNegation(Cond, Negated));
-    if (!T || testsOf(W.Fn).count(*T) < 2)
+    if (!T || settingsOf(W.Fn).Counts.count(*T) < 2)
       return true;
     // Only settings that guard something done to the walk's slot somewhere
     // are worth the states they split.
@@ -1477,20 +1476,10 @@ private:
   /// of the walk's slot.
   const std::set<SettingTest> &guardingSettings(const Walk &W) {
     auto [It, New] = GuardingSettings.try_emplace({W.Fn, W.Slot});
-    if (!New)
-      return It->second;
-    std::function<void(const Stmt *)> Visit = [&](const Stmt *St) {
-      if (!St)
-        return;
-      if (const auto *If = dyn_cast<IfStmt>(St); If && guardsSlot(W, If)) {
-        bool Negated = false;
-        if (auto T = settingTest(W.Fn, stripNegation(If->getCond(), Negated)))
-          It->second.insert(*T);
-      }
-      for (const Stmt *C : St->children())
-        Visit(C);
-    };
-    Visit(W.Fn->getBody());
+    if (New)
+      for (const auto &[Branch, T] : settingsOf(W.Fn).Branches)
+        if (isa<IfStmt>(Branch) && guardsSlot(W, Branch))
+          It->second.insert(T);
     return It->second;
   }
 
@@ -1511,8 +1500,17 @@ private:
   }
 
   /// `p->use_odp`, `user_param->verb == SEND`, `!c->oneshot`: a test of an
-  /// integer field or variable against nothing or a constant.
+  /// integer field or variable against nothing or a constant. Asked on
+  /// every branch a path takes, so remembered per condition.
   std::optional<SettingTest> settingTest(const FunctionDecl *Fn, const Expr *E) {
+    if (auto It = SettingOfCond.find(E); It != SettingOfCond.end())
+      return It->second;
+    // Not emplaced before computing: building settingsOf(Fn) asks again.
+    std::optional<SettingTest> T = computeSettingTest(Fn, E);
+    return SettingOfCond[E] = T;
+  }
+
+  std::optional<SettingTest> computeSettingTest(const FunctionDecl *Fn, const Expr *E) {
     E = stripExpr(E);
     std::optional<int64_t> Equals;
     if (const auto *BO = dyn_cast<BinaryOperator>(E); BO && BO->getOpcode() == BO_EQ) {
@@ -1529,59 +1527,58 @@ private:
     if (!L || (L->Steps.empty() && !isa<ParmVarDecl>(L->Root) &&
                !(isa<VarDecl>(L->Root) && cast<VarDecl>(L->Root)->hasGlobalStorage())))
       return std::nullopt;
-    Location R = A.flow(Fn).resolve(*L);
-    SlotKey Key = SlotKey::of(R, Fn);
-    if (writtenIn(Fn, Key))
+    SlotKey Key = SlotKey::of(A.flow(Fn).resolve(*L), Fn);
+    if (settingsOf(Fn).Written.count(Key))
       return std::nullopt;
     return SettingTest{Key, Equals};
   }
 
-  bool writtenIn(const FunctionDecl *Fn, const SlotKey &Key) {
-    return llvm::any_of(A.flow(Fn).defs(), [&](const Def &D) {
-      return SlotKey::of(A.flow(Fn).resolve(D.Target), Fn) == Key;
-    });
-  }
+  /// What \p Fn writes, and the branches (`if`, `?:`) in which it tests a
+  /// setting, built once per function.
+  struct Settings {
+    std::set<SlotKey> Written;
+    std::vector<std::pair<const Stmt *, SettingTest>> Branches;
+    std::multiset<SettingTest> Counts;
+  };
 
-  /// How often each setting is tested in \p Fn's branch conditions.
-  const std::multiset<SettingTest> &testsOf(const FunctionDecl *Fn) {
-    auto [It, New] = SettingTests.try_emplace(Fn);
+  const Settings &settingsOf(const FunctionDecl *Fn) {
+    auto [It, New] = SettingsOf.try_emplace(Fn);
     if (!New)
       return It->second;
+    for (const Def &D : A.flow(Fn).defs())
+      It->second.Written.insert(SlotKey::of(A.flow(Fn).resolve(D.Target), Fn));
+    std::vector<std::pair<const Stmt *, const Expr *>> Conds;
     std::function<void(const Stmt *)> Visit = [&](const Stmt *St) {
       if (!St)
         return;
-      const Expr *Cond = nullptr;
       if (const auto *If = dyn_cast<IfStmt>(St))
-        Cond = If->getCond();
+        Conds.push_back({If, If->getCond()});
       else if (const auto *CO = dyn_cast<ConditionalOperator>(St))
-        Cond = CO->getCond();
-      if (Cond) {
-        bool Negated = false;
-        if (auto T = settingTest(Fn, stripNegation(Cond, Negated)))
-          It->second.insert(*T);
-      }
+        Conds.push_back({CO, CO->getCond()});
       for (const Stmt *C : St->children())
         Visit(C);
     };
     Visit(Fn->getBody());
+    // settingTest() looks at Written only, which is complete by now.
+    for (const auto &[Branch, Cond] : Conds) {
+      bool Negated = false;
+      if (std::optional<SettingTest> T = settingTest(Fn, stripNegation(Cond, Negated))) {
+        It->second.Branches.push_back({Branch, *T});
+        It->second.Counts.insert(*T);
+      }
+    }
     return It->second;
   }
 
   /// Does \p Fn return the constant 0 somewhere?
   bool returnsZero(const FunctionDecl *Fn) {
     auto [It, New] = ReturnsZero.try_emplace(Fn, false);
-    if (!New)
-      return It->second;
-    std::function<bool(const Stmt *)> Visit = [&](const Stmt *S) {
-      if (!S)
-        return false;
-      if (const auto *RS = dyn_cast<ReturnStmt>(S))
-        if (const Expr *V = RS->getRetValue())
-          if (auto C = A.values(Fn).constant(stripExpr(V)); C && *C == 0)
-            return true;
-      return llvm::any_of(S->children(), Visit);
-    };
-    return It->second = Visit(Fn->getBody());
+    if (New)
+      It->second = llvm::any_of(returnValues(Fn), [&](const Expr *V) {
+        std::optional<int64_t> C = A.values(Fn).constant(stripExpr(V));
+        return C && *C == 0;
+      });
+    return It->second;
   }
 
   /// Does \p E read a work completion's wr_id?
@@ -1675,7 +1672,7 @@ private:
     bool Then = Index == 0;
     if (std::optional<bool> Holds = constantTest(W, Cond); Holds && *Holds != Then)
       return false; // `if (can_wait)` with the caller's `true`
-    if (!decideSetting(W, Term, Cond, Then, S))
+    if (!decideSetting(W, Cond, Then, S))
       return false; // `if (p->aes_xts)` went the other way before
     if (auto Null = nullTest(W, Cond)) {
       if (*Null == Then && S.L != Life::Escaped) {
@@ -2467,7 +2464,8 @@ private:
   CompletionFields Fields{A};
   std::set<SlotKey> SharedSlots, Invalidated;
   std::map<const FunctionDecl *, bool> KeepsStatus, ReturnsZero;
-  std::map<const FunctionDecl *, std::multiset<SettingTest>> SettingTests;
+  std::map<const FunctionDecl *, Settings> SettingsOf;
+  std::map<const Expr *, std::optional<SettingTest>> SettingOfCond;
   std::map<std::pair<const Stmt *, SlotKey>, bool> Guards;
   std::map<std::pair<const FunctionDecl *, SlotKey>, std::set<SettingTest>> GuardingSettings;
   /// Slots some LOCAL_INV of the unit names.

@@ -67,15 +67,6 @@ const FunctionDecl *definitionInUnit(const TuAnalysis &A, const FunctionDecl *F)
   return F && llvm::is_contained(A.functions(), F) ? F : nullptr;
 }
 
-struct ReturnValues : RecursiveASTVisitor<ReturnValues> {
-  std::vector<const Expr *> Values;
-  bool VisitReturnStmt(ReturnStmt *RS) {
-    if (RS->getRetValue())
-      Values.push_back(RS->getRetValue());
-    return true;
-  }
-};
-
 /// `*p = x` (or `p[0] = x`) inside a function: the pointer written through.
 struct DerefStores : RecursiveASTVisitor<DerefStores> {
   std::vector<std::pair<const ParmVarDecl *, const BinaryOperator *>> Found;
@@ -811,10 +802,8 @@ private:
       T.Complete = false;
       return;
     }
-    ReturnValues RV;
-    RV.TraverseStmt(Callee->getBody());
     const Frame *Bind = frame(CE, F, Ctx);
-    for (const Expr *V : RV.Values)
+    for (const Expr *V : returnValues(Callee))
       roots(V, Callee, Bind, Depth + 1, Out, T);
   }
 
