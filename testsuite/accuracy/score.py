@@ -35,13 +35,20 @@ def kernel_flags(corpus):
     """The kernel stand-in headers next to the corpus (testsuite/Inputs)."""
     include = os.path.join(os.path.dirname(corpus), "Inputs", "kernel", "include")
     return ["-nostdinc", "-D__KERNEL__", "-I" + include]
-ANNOTATION = re.compile(
-    r"\b(BUG|OK)(?:\((file|program)\))?:\s*(rdma-[a-z0-9-]+(?:\s*,\s*rdma-[a-z0-9-]+)*)")
+
+
+# `rdma-x, rdma-y`: the checks an annotation names.
+CHECK_LIST = r"(rdma-[a-z0-9-]+(?:\s*,\s*rdma-[a-z0-9-]+)*)"
+ANNOTATION = re.compile(r"\b(BUG|OK)(?:\((file|program)\))?:\s*" + CHECK_LIST)
 
 
 # `NOT-ANNOTATED: rdma-x -- why` in a program's header: its author did not
 # annotate that check, so its findings there are neither right nor wrong.
-NOT_ANNOTATED = re.compile(r"\bNOT-ANNOTATED:\s*(rdma-[a-z0-9-]+(?:\s*,\s*rdma-[a-z0-9-]+)*)")
+NOT_ANNOTATED = re.compile(r"\bNOT-ANNOTATED:\s*" + CHECK_LIST)
+
+
+def split_checks(checks):
+    return re.split(r"\s*,\s*", checks.strip())
 
 
 def programs(root):
@@ -135,10 +142,10 @@ class Program:
             text = open(f, encoding="utf-8").read()
             self.regions[f] = function_regions(text)
             for checks in NOT_ANNOTATED.findall(text):
-                self.unannotated.update(re.split(r"\s*,\s*", checks.strip()))
+                self.unannotated.update(split_checks(checks))
             for no, src in enumerate(text.split("\n"), 1):
                 for kind, scope, checks in ANNOTATION.findall(src):
-                    for check in re.split(r"\s*,\s*", checks.strip()):
+                    for check in split_checks(checks):
                         if kind == "BUG":
                             self.bugs.append((check, scope or "function", f, no))
                         else:
