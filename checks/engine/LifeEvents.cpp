@@ -1194,7 +1194,11 @@ private:
       for (unsigned I = 0; I < CE->getNumArgs() && I < Def->getNumParams(); ++I)
         if (Def->getParamDecl(I)->getType()->isIntegerType())
           if (auto Slot = Keys.keySlot(Fn, CE->getArg(I))) {
+            // `mr->rkey` is as stable as the handle's place; a key kept
+            // next to its window (`q->reqs[i].rkey`) as its own.
             std::optional<Location> Owner = keyOwner(A, CE->getArg(I));
+            if (!Owner)
+              Owner = locationOf(CE->getArg(I));
             E.KeyArgs.push_back({I, *Slot, !Owner || stable(Fn, *Owner)});
           }
       add(E);

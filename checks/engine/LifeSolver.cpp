@@ -217,6 +217,8 @@ private:
   struct Exit {
     PathState S;
     bool Error = false;
+    /// `return ib_post_send(..)` on the branch where the post failed.
+    bool NotPosted = false;
   };
   struct Result {
     std::vector<Exit> Exits;
@@ -1172,6 +1174,18 @@ private:
     return false;
   }
 
+  /// `while (pending > 0) ibv_poll_cq(..)` after the LOCAL_INVs: a loop
+  /// that waits for completions until its condition says none is missing
+  /// has, when it ends, what it waited for, even on a path that never ran
+  /// it (the count it tests is what tells, not the path).
+  bool waitLoop(Walk &W, const Stmt *Loop, const PathState &S) {
+    if (S.Inval && S.Inval->S && S.Inval->Fn == W.Fn && within(Loop, S.Inval->S))
+      return false; // the loop that posts: its own rounds are judged
+    return llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+      return E.K == LifeEventKind::Wait && E.Fn == W.Fn && E.S && within(Loop, E.S);
+    });
+  }
+
   /// The element-wise invalidation of the walk's slot in \p Loop's body,
   /// and whether it asks for a completion.
   std::pair<const LifeEvent *, bool> invalidationInLoop(Walk &W, const Stmt *Loop) {
@@ -1333,7 +1347,13 @@ private:
     // for nothing (qperf's loops hit the budget).
     bool WaitFailed = Both && S.Tag && S.Tag != CE && S.Outcome != 1 &&
                       S.Undo != S.L && isPost(S.Tag) && waitsFor(E.Callee);
+    // `inv_rkey(q, req->rkey); end_request(req);`: a caller that drops the
+    // helper's result never learns that the post failed, so the path where
+    // it failed is not one this function takes apart from the other.
+    bool Discarded = Both && discardsResult(W.Fn, CE);
     for (const Exit &X : R.Exits) {
+      if (Discarded && X.NotPosted)
+        continue;
       PathState N = applied(X.S, S);
       N.FreedVia = !N.FreedLive ? nullptr
                    : N.FreedLive != S.FreedLive ? CE : S.FreedVia;
@@ -1363,6 +1383,31 @@ private:
         enterIteration(W, CE, N);
       Out.push_back(N);
     }
+  }
+
+  /// Is the value of \p CE thrown away (a statement of its own, or cast to
+  /// void)?
+  bool discardsResult(const FunctionDecl *Fn, const CallExpr *CE) {
+    const ParentMap &PM = A.flow(Fn).parents();
+    const Stmt *P = PM.getParentIgnoreParenCasts(CE);
+    if (const auto *C = dyn_cast_or_null<CStyleCastExpr>(PM.getParent(CE)))
+      if (C->getType()->isVoidType())
+        return true;
+    return !P || isa<CompoundStmt>(P) || isa<LabelStmt>(P) || isa<CaseStmt>(P) ||
+           isa<DefaultStmt>(P) ||
+           ((isa<IfStmt>(P) || isa<ForStmt>(P) || isa<WhileStmt>(P)) &&
+            !isConditionOf(P, CE));
+  }
+
+  static bool isConditionOf(const Stmt *P, const Expr *E) {
+    const Expr *Cond = nullptr;
+    if (const auto *I = dyn_cast<IfStmt>(P))
+      Cond = I->getCond();
+    else if (const auto *F = dyn_cast<ForStmt>(P))
+      Cond = F->getCond();
+    else if (const auto *W = dyn_cast<WhileStmt>(P))
+      Cond = W->getCond();
+    return Cond && Cond->IgnoreParenImpCasts() == E;
   }
 
   /// Is \p Cond part of a macro that also waits (`wait_event(wq, cond)`)?
@@ -1654,6 +1699,8 @@ private:
     if (LoopTest && Index == 0 && Term == S.ProducingLoop)
       S.ProducingLoop = nullptr;
     if (LoopTest && Index == 1) {
+      if (S.L == Life::InvalPosted && !S.Waited && waitLoop(W, Term, S))
+        S.Waited = true;
       if (Term == S.ProducingLoop)
         S.ProducingLoop = nullptr; // every iteration completed
       else
@@ -2187,7 +2234,7 @@ private:
         NotPosted.Outcome = 1;
         NotPosted.PostFailed = true;
         Posted.Outcome = -1;
-        summaryExit(W, RS, NotPosted, /*Error=*/true);
+        summaryExit(W, RS, NotPosted, /*Error=*/true, /*NotPosted=*/true);
         summaryExit(W, RS, Posted, /*Error=*/false);
         return;
       }
@@ -2247,8 +2294,8 @@ private:
 
   /// One way out of a helper, as its callers will see it.
   void summaryExit(Walk &W, const ReturnStmt *RS, const PathState &S,
-                   bool Error) {
-    Exit X{S, Error};
+                   bool Error, bool NotPosted = false) {
+    Exit X{S, Error, NotPosted};
     X.S.ErrorBranch = nullptr;
     // A handle this helper produced and still holds on an error return:
     // its caller may release it; if not, the helper leaked it.
@@ -2256,7 +2303,7 @@ private:
         !S.Pending && unwinds(W, RS, S))
       X.S.Pending = latent(leak(W, RS, S));
     if (!llvm::any_of(W.R.Exits, [&](const Exit &O) {
-          return O.Error == X.Error && O.S == X.S;
+          return O.Error == X.Error && O.NotPosted == X.NotPosted && O.S == X.S;
         }))
       W.R.Exits.push_back(X);
   }
