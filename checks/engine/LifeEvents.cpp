@@ -610,10 +610,14 @@ private:
       released(Fn, CE, C.arg(C.Model->E == Effect::DmaUnmap ? ArgRole::Sg : ArgRole::Buffer),
                Name, false, C.Model->E == Effect::DmaUnmap);
       break;
-    case Effect::ContainerRecycle:
+    case Effect::ContainerRecycle: {
+      const Expr *List = C.arg(ArgRole::List);
+      const auto *Param =
+          dyn_cast_or_null<ParmVarDecl>(List ? refDecl(stripExpr(List)) : nullptr);
       released(Fn, CE, C.arg(ArgRole::Entry), Name, /*EntryOfContainer=*/true,
-               /*Unmap=*/false, onlyWalked(C.arg(ArgRole::List)));
+               /*Unmap=*/false, !Param && onlyWalkedField(List), Param);
       break;
+    }
     case Effect::BufferAlloc:
       // Judged once every handle the unit produces is known: the array
       // allocated here may hold MRs produced further down.
@@ -803,7 +807,7 @@ private:
   /// holds handles.
   void released(const FunctionDecl *Fn, const CallExpr *CE, const Expr *Arg,
                 StringRef Name, bool EntryOfContainer = false, bool Unmap = false,
-                bool Parked = false) {
+                bool Parked = false, const ParmVarDecl *ListParam = nullptr) {
     if (!Arg)
       return;
     // `list_add_tail(&mr->qp_entry, list)`: the handle itself goes onto the
@@ -868,6 +872,7 @@ private:
       E.Stable = stable(Fn, *Freed);
       E.Recycle = EntryOfContainer;
       E.Parked = Parked;
+      E.ListParam = ListParam;
       add(E);
     }
   }
@@ -1026,11 +1031,36 @@ private:
     return false;
   }
 
+  static const ValueDecl *refDecl(const Expr *E) {
+    const auto *DRE = dyn_cast<DeclRefExpr>(E);
+    return DRE ? DRE->getDecl() : nullptr;
+  }
+
+  /// `list_splice_init(&pool->drop_list, &batch)`: moved onto a local list.
+  bool movedToLocal(const Stmt *S, const FieldDecl *F) {
+    const auto *CE = dyn_cast<CallExpr>(S);
+    const FunctionDecl *Callee = CE ? CE->getDirectCallee() : nullptr;
+    if (!Callee || CE->getNumArgs() != 2 || !A.rules().isListMove(Callee->getName()))
+      return false;
+    auto Field = [](const Expr *E) -> const ValueDecl * {
+      const auto *UO = dyn_cast<UnaryOperator>(stripExpr(E));
+      const auto *ME = UO && UO->getOpcode() == UO_AddrOf
+                           ? dyn_cast<MemberExpr>(stripExpr(UO->getSubExpr()))
+                           : nullptr;
+      return ME ? ME->getMemberDecl() : nullptr;
+    };
+    const auto *UO = dyn_cast<UnaryOperator>(stripExpr(CE->getArg(1)));
+    const auto *To = UO && UO->getOpcode() == UO_AddrOf
+                         ? dyn_cast_or_null<VarDecl>(refDecl(stripExpr(UO->getSubExpr())))
+                         : nullptr;
+    return Field(CE->getArg(0)) == F && To && To->hasLocalStorage();
+  }
+
   /// A list (`&pool->drop_list`, `&req->registered`) the unit walks but
   /// never takes an entry from: it holds requests in use or waiting to be
   /// released, so putting one there recycles nothing. A list the unit only
   /// adds to may be a free list another unit takes from.
-  bool onlyWalked(const Expr *Head) {
+  bool onlyWalkedField(const Expr *Head) {
     const auto *UO = dyn_cast_or_null<UnaryOperator>(Head ? stripExpr(Head) : nullptr);
     const auto *ME = UO && UO->getOpcode() == UO_AddrOf
                          ? dyn_cast<MemberExpr>(stripExpr(UO->getSubExpr()))
@@ -1045,6 +1075,7 @@ private:
     std::function<void(const Stmt *)> Scan = [&](const Stmt *S) {
       if (!S)
         return;
+      Walked |= movedToLocal(S, F);
       if (const auto *Use = dyn_cast<MemberExpr>(S); Use && Use->getMemberDecl() == F) {
         ListUse U = A.rules().listMacro(outermostMacro(Use->getBeginLoc()));
         Taken |= U == ListUse::Take;
@@ -1191,6 +1222,9 @@ private:
       LifeEvent E = event(LifeEventKind::Call, SlotKey(), Fn, CE,
                           CE->getBeginLoc(), Def->getName());
       E.Callee = Def;
+      for (unsigned I = 0; I < CE->getNumArgs(); ++I)
+        if (onlyWalkedField(CE->getArg(I)))
+          E.WalkedListArgs.push_back(I);
       for (unsigned I = 0; I < CE->getNumArgs() && I < Def->getNumParams(); ++I)
         if (Def->getParamDecl(I)->getType()->isIntegerType())
           if (auto Slot = Keys.keySlot(Fn, CE->getArg(I))) {

@@ -1034,7 +1034,9 @@ private:
   }
 
   void release(Walk &W, const LifeEvent &E, PathState &S) {
-    if (E.Parked) { // kept by the list: neither leaked nor reused
+    bool Parked = E.Parked || (E.ListParam && llvm::is_contained(W.Consts, std::make_pair(
+                                                   E.ListParam, int64_t(1))));
+    if (Parked) { // kept by the list: neither leaked nor reused
       S.L = Life::Released;
       S.Pending = nullptr;
       return;
@@ -1142,11 +1144,11 @@ private:
       return;
     if (S.Outcome == 1 && S.Tag && within(Loop, S.Tag))
       return;
-    if (auto [Inval, Signaled] = invalidationInLoop(W, Loop); Inval) {
+    if (LoopInvalidationFact F = invalidationInLoop(W, Loop); F.Inval) {
       S.L = Life::InvalPosted;
-      S.Inval = Inval;
-      S.Signaled = Signaled;
-      S.Waited = false;
+      S.Inval = F.Inval;
+      S.Signaled = F.Signaled;
+      S.Waited = F.Waited;
     }
   }
 
@@ -1186,9 +1188,15 @@ private:
     });
   }
 
-  /// The element-wise invalidation of the walk's slot in \p Loop's body,
-  /// and whether it asks for a completion.
-  std::pair<const LifeEvent *, bool> invalidationInLoop(Walk &W, const Stmt *Loop) {
+  /// The element-wise invalidation of the walk's slot in a loop's body:
+  /// whether it asks for a completion, and whether the body waits for it
+  /// (a helper that posts and then sleeps until the LOCAL_INV completed).
+  struct LoopInvalidationFact {
+    const LifeEvent *Inval = nullptr;
+    bool Signaled = false, Waited = false;
+  };
+
+  LoopInvalidationFact invalidationInLoop(Walk &W, const Stmt *Loop) {
     auto Key = std::make_pair(Loop, W.Slot);
     auto [It, New] = LoopInvalidation.try_emplace(Key);
     if (!New)
@@ -1197,24 +1205,32 @@ private:
       if (E.Fn != W.Fn || !E.S || !within(Loop, E.S))
         continue;
       if (E.K == LifeEventKind::InvalidatePost && E.Slot == W.Slot && !E.Stable)
-        return It->second = {&E, E.Signaled};
+        return LoopInvalidation[Key] = {&E, E.Signaled, false};
       if (E.K != LifeEventKind::Call || Active.count(E.Callee) ||
           W.Depth >= budget::CallDepth)
         continue;
-      for (const LifeEvent::KeyArg &K : E.KeyArgs) {
-        if (K.Slot != W.Slot || K.Stable)
-          continue;
-        std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, E);
-        if (!In)
-          continue;
-        const Result &R = summary(E.Callee, *In, entryState({Life::Live, true, false}),
-                                  W.Depth + 1, argConstants(W, cast<CallExpr>(E.S), E.Callee));
-        for (const Exit &X : R.Exits)
-          if (X.S.L == Life::InvalPosted)
-            return LoopInvalidation[Key] = {
-                       X.S.Inval && X.S.Inval != &EntryMarker ? X.S.Inval : &E,
-                       X.S.Signaled};
-      }
+      // The helper gets the key of each round's handle (`inv(q->reqs[i].rkey)`)
+      // or the struct the loop points at each round
+      // (`list_for_each_entry(mr, &batch, entry) post_inv(mr)`).
+      bool EachRound = llvm::any_of(E.KeyArgs, [&](const LifeEvent::KeyArg &K) {
+        return K.Slot == W.Slot && !K.Stable;
+      });
+      if (!EachRound && E.KeyArgs.empty())
+        EachRound = objectLoop(W.Fn, E.S, W.Slot) == Loop;
+      if (!EachRound)
+        continue;
+      std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, E);
+      if (!In)
+        continue;
+      const Result &R = summary(E.Callee, *In, entryState({Life::Live, true, false}),
+                                W.Depth + 1, argConstants(W, E));
+      LoopInvalidationFact F;
+      for (const Exit &X : R.Exits)
+        if (X.S.L == Life::InvalPosted && (!F.Inval || (F.Waited && !X.S.Waited)))
+          F = {X.S.Inval && X.S.Inval != &EntryMarker ? X.S.Inval : &E,
+               X.S.Signaled, X.S.Waited};
+      if (F.Inval)
+        return LoopInvalidation[Key] = F;
     }
     return It->second;
   }
@@ -1283,7 +1299,7 @@ private:
     if (!In || Active.count(E.Callee) || W.Depth >= budget::CallDepth)
       return false;
     const Result &R = summary(E.Callee, *In, entryState({Life::Live, true, false}),
-                              W.Depth + 1, argConstants(W, CE, E.Callee));
+                              W.Depth + 1, argConstants(W, E));
     return !R.Exits.empty() && llvm::all_of(R.Exits, [](const Exit &X) {
       return X.S.L == Life::Released;
     });
@@ -1304,7 +1320,7 @@ private:
       return;
     }
     const Result &R = summary(E.Callee, *In, S, W.Depth + 1,
-                              argConstants(W, CE, E.Callee));
+                              argConstants(W, E));
     for (const LifeIncident &I : R.Incidents) {
       // Wrong because of the state the helper was called in: this call is
       // where the mistake is made.
@@ -1348,11 +1364,15 @@ private:
     bool WaitFailed = Both && S.Tag && S.Tag != CE && S.Outcome != 1 &&
                       S.Undo != S.L && isPost(S.Tag) && waitsFor(E.Callee);
     // `inv_rkey(q, req->rkey); end_request(req);`: a caller that drops the
-    // helper's result never learns that the post failed, so the path where
-    // it failed is not one this function takes apart from the other.
-    bool Discarded = Both && discardsResult(W.Fn, CE);
+    // helper's result never learns that it failed, so the path where it
+    // failed before changing the handle (the post failed, no credit was
+    // left) is not one this function takes apart from the other.
+    bool Discarded = Both && discardsResult(W.Fn, CE) &&
+                     llvm::any_of(R.Exits, [&](const Exit &X) {
+                       return !X.Error && X.S.L != S.L;
+                     });
     for (const Exit &X : R.Exits) {
-      if (Discarded && X.NotPosted)
+      if (Discarded && X.Error && (X.NotPosted || X.S.PostFailed || X.S.L == S.L))
         continue;
       PathState N = applied(X.S, S);
       N.FreedVia = !N.FreedLive ? nullptr
@@ -1639,9 +1659,14 @@ private:
 
   /// The integer arguments of \p CE that are constants here: literals, or
   /// this function's own parameters when its caller passed constants.
-  ArgConstants argConstants(const Walk &W, const CallExpr *CE,
-                            const FunctionDecl *Callee) {
+  ArgConstants argConstants(const Walk &W, const LifeEvent &Call) {
+    const auto *CE = cast<CallExpr>(Call.S);
+    const FunctionDecl *Callee = Call.Callee;
     ArgConstants Out;
+    // A list the caller passes that the unit only walks: 1 (see release()).
+    for (unsigned I : Call.WalkedListArgs)
+      if (I < Callee->getNumParams())
+        Out.push_back({Callee->getParamDecl(I), 1});
     for (unsigned I = 0; I < CE->getNumArgs() && I < Callee->getNumParams(); ++I) {
       const ParmVarDecl *P = Callee->getParamDecl(I);
       if (!P->getType()->isIntegralOrEnumerationType())
@@ -2541,8 +2566,7 @@ private:
   std::map<std::pair<const Stmt *, const RecordDecl *>, bool> ObjectLoops;
   /// Where the user wrote the macros the unit's waits expand from.
   std::optional<std::set<SourceLocation>> WaitMacros;
-  std::map<std::pair<const Stmt *, SlotKey>, std::pair<const LifeEvent *, bool>>
-      LoopInvalidation;
+  std::map<std::pair<const Stmt *, SlotKey>, LoopInvalidationFact> LoopInvalidation;
   std::deque<LifeIncident> Latent;
 };
 

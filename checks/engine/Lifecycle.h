@@ -68,6 +68,11 @@ struct LifeEvent {
   /// ContainerRelease: onto a list the unit only walks (requests in use, a
   /// drop list): the list keeps the handle, nothing reuses it.
   bool Parked = false;
+  /// ContainerRelease onto the list a parameter names (`park(mr, list)`):
+  /// parked when the caller passes a list the unit only walks.
+  const clang::ParmVarDecl *ListParam = nullptr;
+  /// Call: the arguments that are lists the unit only walks, by index.
+  std::vector<unsigned> WalkedListArgs;
   /// BufferRelease: the registration or mapping that put this memory
   /// behind the handle; Produce / Bind: the call itself.
   const clang::Stmt *Binding = nullptr;

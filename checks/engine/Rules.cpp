@@ -40,7 +40,7 @@ struct RawDomainFile {
   std::vector<std::string> TransportConstants;
   std::vector<std::string> IbConstants;
   std::vector<std::string> IbOnlyCapabilities;
-  std::vector<std::string> ListTakeMacros, ListWalkMacros;
+  std::vector<std::string> ListTakeMacros, ListWalkMacros, ListMoveCalls;
   std::vector<std::string> ReleaseCallbackWords;
   std::map<std::string, int64_t> PortableCaps;
   std::map<std::string, std::string> Migration;
@@ -108,6 +108,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("ib_only_capabilities", D.IbOnlyCapabilities);
     Io.mapOptional("list_take_macros", D.ListTakeMacros);
     Io.mapOptional("list_walk_macros", D.ListWalkMacros);
+    Io.mapOptional("list_move_calls", D.ListMoveCalls);
     Io.mapOptional("release_callback_words", D.ReleaseCallbackWords);
     Io.mapOptional("portable_caps", D.PortableCaps);
     Io.mapOptional("migration", D.Migration);
@@ -389,6 +390,7 @@ struct RulesBuilder {
     DM.IbOnlyCapabilities = Raw.IbOnlyCapabilities;
     DM.ListTakeMacros = Raw.ListTakeMacros;
     DM.ListWalkMacros = Raw.ListWalkMacros;
+    DM.ListMoveCalls = Raw.ListMoveCalls;
     DM.ReleaseCallbackWords = Raw.ReleaseCallbackWords;
     DM.ConnectionTypes = Raw.ConnectionTypes;
     for (auto &[Family, Flags] : Raw.Flags)
@@ -663,6 +665,13 @@ ListUse Rules::listMacro(llvm::StringRef Macro) const {
       return ListUse::Walk;
   }
   return ListUse::None;
+}
+
+bool Rules::isListMove(llvm::StringRef Callee) const {
+  for (const DomainModel &D : Domains)
+    if (llvm::is_contained(D.ListMoveCalls, Callee))
+      return true;
+  return false;
 }
 
 bool Rules::isReleaseCallback(llvm::StringRef Field) const {

@@ -203,6 +203,8 @@ struct DomainModel {
   /// Macros that take an entry off a linked list (list_first_entry), and
   /// macros that walk one (list_for_each_entry).
   std::vector<std::string> ListTakeMacros, ListWalkMacros;
+  /// Calls that move a whole list onto another (`list_splice_init`).
+  std::vector<std::string> ListMoveCalls;
   /// Words that name a release in a function-pointer field
   /// (`page_release`, `ops->free`): calling it hands its object back.
   std::vector<std::string> ReleaseCallbackWords;
@@ -285,6 +287,8 @@ public:
   bool isIbConstant(llvm::StringRef Enumerator) const;
   /// What the list macro \p Macro does to the list it is given.
   ListUse listMacro(llvm::StringRef Macro) const;
+  /// Does \p Callee move a whole list onto another (`list_splice_init`)?
+  bool isListMove(llvm::StringRef Callee) const;
   /// Does a function-pointer field of this name release what it is given
   /// (one of its `_`-separated words is a release_callback_words entry)?
   bool isReleaseCallback(llvm::StringRef Field) const;
