@@ -1172,6 +1172,14 @@ private:
     return Found;
   }
 
+  /// Is \p Field the handle a work request names (`reg_wr.mr`,
+  /// `wr.bind_mw.mw`)? It refers to a handle; it does not hold one.
+  bool namesInWorkRequest(const Location &Field) const {
+    std::optional<FieldStore> Role = A.classify(Field);
+    return Role && (Role->Role == FieldRole::RegMr || Role->Role == FieldRole::BindMw ||
+                    Role->Role == FieldRole::BindMr);
+  }
+
   /// The handle fields of \p RD, inside embedded structs and unions too
   /// (`ibmr->u.frmr.mr`), as slots of the object \p Object names.
   void handleFields(const FunctionDecl *Fn, const Location &Object,
@@ -1183,6 +1191,8 @@ private:
       Location Field = Object;
       Field.Steps.push_back({F});
       if (isHandleType(A, F->getType())) {
+        if (namesInWorkRequest(Field))
+          continue; // `reg_wr.mr`: names a handle kept elsewhere
         SlotKey Slot = SlotKey::of(Field, Fn);
         if (Slot.isShared() && !llvm::is_contained(Found, Slot))
           Found.push_back(Slot);
@@ -1304,7 +1314,7 @@ private:
       pushed(Fn, BO, *Target, Rhs);
       flagCleared(Fn, BO, *Target, Rhs);
     }
-    if (!isHandleType(A, Lhs->getType()) || !Target)
+    if (!isHandleType(A, Lhs->getType()) || !Target || namesInWorkRequest(*Target))
       return;
     SlotKey Slot = slotOf(A, *Target, Fn);
     if (Rhs->isNullPointerConstant(const_cast<ASTContext &>(A.context()),

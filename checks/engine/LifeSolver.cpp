@@ -1098,7 +1098,12 @@ private:
     // handle): the handle leaks with it.
     if (E.K == LifeEventKind::ContainerRelease && !E.Recycle && holds(S.L) &&
         S.Produced) {
-      incident(W, LifeIncident::LeakOverwrite, &E, S);
+      // A helper's error return left the handle for this caller to release
+      // (latent leak): freeing the holder makes the helper's return the leak.
+      if (S.Pending)
+        addIncident(W, *S.Pending);
+      else
+        incident(W, LifeIncident::LeakOverwrite, &E, S);
       keyOutlivesMemory(W, S);
     }
     // Unmapping the memory does not end the handle; the rest do.
@@ -1430,6 +1435,41 @@ private:
     return Cond && Cond->IgnoreParenImpCasts() == E;
   }
 
+  /// The loop \p Term (an `&&` or `||` of its condition) jumps out of
+  /// when it goes to \p To, or null.
+  const Stmt *loopLeftEarly(Walk &W, const Stmt *Term, const CFGBlock &To) {
+    const auto *BO = dyn_cast_or_null<BinaryOperator>(Term);
+    if (!BO || !BO->isLogicalOp())
+      return nullptr;
+    const ParentMap &PM = A.flow(W.Fn).parents();
+    const Stmt *Child = BO;
+    for (const Stmt *P = PM.getParent(BO); P; Child = P, P = PM.getParent(P)) {
+      const Expr *Cond = nullptr;
+      if (const auto *F = dyn_cast<ForStmt>(P))
+        Cond = F->getCond();
+      else if (const auto *Wh = dyn_cast<WhileStmt>(P))
+        Cond = Wh->getCond();
+      else if (!isa<Expr>(P))
+        return nullptr;
+      if (!Cond)
+        continue;
+      if (Cond != Child)
+        return nullptr;
+      return loopExit(W.Fn, P) == &To ? P : nullptr;
+    }
+    return nullptr;
+  }
+
+  /// The block a loop goes to when its condition fails.
+  const CFGBlock *loopExit(const FunctionDecl *Fn, const Stmt *Loop) {
+    auto [It, New] = LoopExits.try_emplace(Loop, nullptr);
+    if (New)
+      for (const CFGBlock *B : *A.flow(Fn).cfg())
+        if (B && B->getTerminatorStmt() == Loop && B->succ_size() == 2)
+          It->second = B->succ_begin()[1].getReachableBlock();
+    return It->second;
+  }
+
   /// Is \p Cond part of a macro that also waits (`wait_event(wq, cond)`)?
   bool inWaitMacro(const Expr *Cond) {
     if (!Cond->getBeginLoc().isMacroID())
@@ -1705,32 +1745,40 @@ private:
   bool edge(Walk &W, const CFGBlock &From, unsigned Index, const CFGBlock &To,
             PathState &S) {
     const Stmt *Term = From.getTerminatorStmt();
+    // `for (i = 0; q->reqs && i < n; i++)`: leaving from the first half of
+    // the condition leaves the loop as well.
+    const Stmt *Loop = Term;
+    unsigned Way = Index; // 1: out of the loop
+    if (const Stmt *Left = loopLeftEarly(W, Term, To)) {
+      Loop = Left;
+      Way = 1;
+    }
     // Leaving an unwinding loop: every element it releases is released,
     // whatever the count (the body's own path reports its incidents).
-    bool LoopTest = Term && (isa<ForStmt>(Term) || isa<WhileStmt>(Term) || isa<DoStmt>(Term));
+    bool LoopTest = Loop && (isa<ForStmt>(Loop) || isa<WhileStmt>(Loop) || isa<DoStmt>(Loop));
     // An element seen in one iteration says nothing of the next one's.
     if (LoopTest && W.Slot.isElement())
       S.HeldAt = nullptr;
     // Round a loop that takes another object each time, the state is the
     // last object's; leaving it, it holds for every object the loop took.
-    if (LoopTest && Term == S.IterLoop) {
-      if (Index == 0)
+    if (LoopTest && Loop == S.IterLoop) {
+      if (Way == 0)
         startNextObject(S);
       else
         S.IterLoop = nullptr;
-      S.Carried = Index == 0;
+      S.Carried = Way == 0;
     }
     // Around again: the element held now belongs to a finished iteration.
-    if (LoopTest && Index == 0 && Term == S.ProducingLoop)
+    if (LoopTest && Way == 0 && Loop == S.ProducingLoop)
       S.ProducingLoop = nullptr;
-    if (LoopTest && Index == 1) {
-      if (S.L == Life::InvalPosted && !S.Waited && waitLoop(W, Term, S))
+    if (LoopTest && Way == 1) {
+      if (S.L == Life::InvalPosted && !S.Waited && waitLoop(W, Loop, S))
         S.Waited = true;
-      if (Term == S.ProducingLoop)
+      if (Loop == S.ProducingLoop)
         S.ProducingLoop = nullptr; // every iteration completed
       else
-        loopReleases(W, Term, S);
-      loopInvalidates(W, Term, S);
+        loopReleases(W, Loop, S);
+      loopInvalidates(W, Loop, S);
     }
     const Expr *Cond = From.succ_size() == 2 ? From.getLastCondition() : nullptr;
     if (const auto *Switch = dyn_cast_or_null<SwitchStmt>(Term))
@@ -2113,11 +2161,12 @@ private:
     return It->second;
   }
 
-  /// Fields of the same struct object: `conn.ff_res_alloc` and
-  /// `conn.pdu_data_mr`.
+  /// A field of the struct object that holds the handle, or of one it is
+  /// embedded in: `conn.ff_res_alloc` for `conn.pdu_data_mr`,
+  /// `desc.pi_ctx` for `desc.rsc.sig_mr`.
   static bool sibling(const SlotKey &A, const SlotKey &B) {
     if (A.scope() != SlotKey::Scope::Field || A.record() != B.record() ||
-        A.path().size() != B.path().size() || A == B)
+        A.path().size() > B.path().size() || A == B)
       return false;
     return std::equal(A.path().begin(), A.path().end() - 1, B.path().begin());
   }
@@ -2404,17 +2453,33 @@ private:
   bool toleratesPartialSetup(const FunctionDecl *Cleanup) {
     const ParentMap &PM = A.flow(Cleanup).parents();
     for (const LifeEvent &E : LC.Events) {
-      if (E.Fn != Cleanup || !E.S || !E.Slot.isShared() || E.Slot.path().empty() ||
+      if (E.Fn != Cleanup || !E.S || !E.Slot.isShared() ||
           (E.K != LifeEventKind::Deregister && E.K != LifeEventKind::Release))
         continue;
-      const FieldDecl *Field = E.Slot.path().back().Field;
+      // `if (x->mr)` for a field (`if (x->mr[i])`: any field test),
+      // `if (g_mr)` for a global handle.
+      bool Global = E.Slot.path().empty();
+      if (Global && !E.Slot.variable())
+        continue;
+      const FieldDecl *Field = Global ? nullptr : E.Slot.path().back().Field;
       for (const Stmt *P = PM.getParent(E.S), *Child = E.S; P;
            Child = P, P = PM.getParent(P))
         if (const auto *If = dyn_cast<IfStmt>(P))
-          if (If->getCond() != Child && mentionsField(If->getCond(), Field))
+          if (If->getCond() != Child &&
+              (Global ? mentionsVariable(If->getCond(), E.Slot.variable())
+                      : mentionsField(If->getCond(), Field)))
             return true;
     }
     return false;
+  }
+
+  static bool mentionsVariable(const Stmt *S, const ValueDecl *V) {
+    if (!S)
+      return false;
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(S); DRE && DRE->getDecl() == V)
+      return true;
+    return llvm::any_of(S->children(),
+                        [&](const Stmt *C) { return mentionsVariable(C, V); });
   }
 
   static bool mentionsField(const Stmt *S, const FieldDecl *Field) {
@@ -2567,6 +2632,7 @@ private:
   /// Where the user wrote the macros the unit's waits expand from.
   std::optional<std::set<SourceLocation>> WaitMacros;
   std::map<std::pair<const Stmt *, SlotKey>, LoopInvalidationFact> LoopInvalidation;
+  std::map<const Stmt *, const CFGBlock *> LoopExits;
   std::deque<LifeIncident> Latent;
 };
 

@@ -56,8 +56,10 @@ SlotKey SlotKey::of(const Location &L, const FunctionDecl *Fn) {
     K.Path.append(L.Steps.begin() + *Start, L.Steps.end());
     return K;
   }
+  // A global's storage, through an anonymous struct too (`static struct {
+  // ... struct ibv_mr *mr; } cache[N]`: cache[i].mr is one global table).
   const auto *VD = dyn_cast<VarDecl>(L.Root);
-  K.S = VD && VD->hasGlobalStorage() && !Start ? Scope::Global : Scope::Local;
+  K.S = VD && VD->hasGlobalStorage() ? Scope::Global : Scope::Local;
   K.Fn = K.S == Scope::Local ? Fn : nullptr;
   K.Base = L.Root;
   K.Path = L.Steps;
