@@ -1818,7 +1818,7 @@ private:
     if (const auto *If = dyn_cast_or_null<IfStmt>(Term)) {
       acceptRemoteInvalidation(W, If, Then, S);
       trustInvalidationFlag(W, If, Then, S);
-      if (Then && exitsEarly(To))
+      if (Then && (exitsEarly(To) || endsInExit(If->getThen())))
         S.ErrorBranch = If;
     }
     compareKeys(W, Cond, Term, Then, S);
@@ -2249,6 +2249,15 @@ private:
 
   /// A block that leaves the function early: a goto, or a return of a
   /// value within a couple of blocks.
+  /// `{ pr_err(..); return ret == -ENOMEM ? BUSY : IOERR; }`: a branch
+  /// written to end in a return or goto, however many blocks its last
+  /// expression takes.
+  static bool endsInExit(const Stmt *S) {
+    if (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
+      return !CS->body_empty() && endsInExit(CS->body_back());
+    return isa_and_nonnull<ReturnStmt>(S) || isa_and_nonnull<GotoStmt>(S);
+  }
+
   static bool exitsEarly(const CFGBlock &B) {
     const CFGBlock *Cur = &B;
     for (unsigned Hops = 0; Cur && Hops < budget::ErrorExitHops; ++Hops) {
@@ -2293,6 +2302,11 @@ private:
     if (S.Tag && S.Outcome != 0)
       if (failedCall(W, V, S.Tag))
         return S.Outcome == 1;
+    // `return wc.status == IBV_WC_SUCCESS ? 0 : -EIO;`: may succeed.
+    if (const auto *CO = dyn_cast<ConditionalOperator>(V))
+      for (const Expr *Arm : {CO->getTrueExpr(), CO->getFalseExpr()})
+        if (auto C = A.values(W.Fn).constant(stripExpr(Arm)); C && *C == 0)
+          return false;
     return S.ErrorBranch != nullptr;
   }
 
