@@ -2302,8 +2302,18 @@ private:
     if (S.Tag && S.Outcome != 0)
       if (failedCall(W, V, S.Tag))
         return S.Outcome == 1;
+    const auto *CO = dyn_cast<ConditionalOperator>(V);
+    // `return post(..) ? OSD_ERR_IO : OSD_OK;`: the arm this path took,
+    // by what it learned of the post when it branched on it.
+    if (CO && S.Tag && S.Outcome != 0)
+      if (std::optional<bool> TrueFails = failedCall(W, CO->getCond(), S.Tag)) {
+        const Expr *Arm = (S.Outcome == 1) == *TrueFails ? CO->getTrueExpr()
+                                                         : CO->getFalseExpr();
+        if (auto C = A.values(W.Fn).constant(stripExpr(Arm)))
+          return W.Fn->getReturnType()->isBooleanType() ? *C == 0 : *C != 0;
+      }
     // `return wc.status == IBV_WC_SUCCESS ? 0 : -EIO;`: may succeed.
-    if (const auto *CO = dyn_cast<ConditionalOperator>(V))
+    if (CO)
       for (const Expr *Arm : {CO->getTrueExpr(), CO->getFalseExpr()})
         if (auto C = A.values(W.Fn).constant(stripExpr(Arm)); C && *C == 0)
           return false;
