@@ -1023,8 +1023,9 @@ unsigned repeatOf(const TuAnalysis &A, const Loops &Loop, const PostSite &P) {
   return Here * FromCallers;
 }
 
-/// `if (q->sq_free < N) return -EAGAIN; post; q->sq_free -= N;`: posts held
-/// back until the ULP's count of free send-queue entries allows them.
+/// `if (q->sq_free < N) return -EAGAIN; post; q->sq_free -= N;` (or the
+/// entries reserved before the post): posts held back until the ULP's
+/// count of free send-queue entries allows them.
 bool creditGated(const TuAnalysis &A, const PostSite &P) {
   const FunctionFlow &Flow = A.flow(P.Fn);
   unsigned Needed = P.entries();
@@ -1058,7 +1059,12 @@ bool creditGated(const TuAnalysis &A, const PostSite &P) {
     for (const Location &Counter : R.Found) {
       Location C = Flow.resolve(Counter);
       for (const Def &D : Flow.defs()) {
-        if (Flow.resolve(D.Target) != C || !Flow.reachableFrom(P.Call->Call, D.S))
+        // Taken after the post, or reserved between the test and the post
+        // (`if (sq_free < 3) return -EAGAIN; sq_free -= 3; ...; post`).
+        bool After = Flow.reachableFrom(P.Call->Call, D.S);
+        bool Reserved = Flow.reachableFrom(If->getCond(), D.S) &&
+                        Flow.reachableFrom(D.S, P.Call->Call);
+        if (Flow.resolve(D.Target) != C || !(After || Reserved))
           continue;
         std::optional<int64_t> Amount;
         if (D.K == Def::Increment)

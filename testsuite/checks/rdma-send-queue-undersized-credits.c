@@ -1,5 +1,6 @@
 // RUN: %check_ulplint --check-suffixes=SMALL %s rdma-send-queue-undersized %t.small -- -- -DCR_GATED=0
 // RUN: %check_ulplint %s rdma-send-queue-undersized %t.ok -- -- -DCR_GATED=1
+// RUN: %check_ulplint %s rdma-send-queue-undersized %t.reserved -- -- -DCR_GATED=2
 // RUN: %check_ulplint --mode=plugin --check-suffixes=SMALL %s rdma-send-queue-undersized %t.plugin -- -- -DCR_GATED=0
 
 // A replication stream: each record is an array of work requests linked to
@@ -8,7 +9,9 @@
 // a constant. Ungated (SMALL) that is three entries per record against one.
 // The other run counts the free send-queue entries in work requests before
 // every post, as ULPs with an sq_free counter do: the queue never holds more
-// than it has, whatever one record costs.
+// than it has, whatever one record costs. The third run reserves the
+// entries between the test and the post and gives them back when the post
+// fails (smbdirect's and SMB-Direct-like clients' accounting).
 
 #include <infiniband/verbs.h>
 #include <errno.h>
@@ -51,6 +54,11 @@ int cr_create(struct cr_conn *c)
   return c->qp ? 0 : -1;
 }
 
+static inline void cr_sq_put(struct cr_conn *c, int n)
+{
+  c->sq_free += n;
+}
+
 int cr_ship(struct cr_conn *c, struct cr_record *r, uint64_t at)
 {
   struct ibv_send_wr *bad;
@@ -59,6 +67,9 @@ int cr_ship(struct cr_conn *c, struct cr_record *r, uint64_t at)
 #if CR_GATED
   if (c->sq_free < 3)
     return -EAGAIN;
+#endif
+#if CR_GATED == 2
+  c->sq_free -= 3;
 #endif
   for (i = 0; i < 3; i++) {
     r->sge[i].lkey = c->mr->lkey;
@@ -74,9 +85,13 @@ int cr_ship(struct cr_conn *c, struct cr_record *r, uint64_t at)
   r->wr[1].wr.rdma.remote_addr = c->remote;
   r->wr[1].wr.rdma.rkey = c->rkey;
   r->wr[2].opcode = IBV_WR_SEND;
-  if (ibv_post_send(c->qp, r->wr, &bad))
+  if (ibv_post_send(c->qp, r->wr, &bad)) {
+#if CR_GATED == 2
+    cr_sq_put(c, 3);
+#endif
     return -1;
-#if CR_GATED
+  }
+#if CR_GATED == 1
   c->sq_free -= 3;
 #endif
   return 0;
