@@ -59,20 +59,77 @@ static bool registersOutsideItsLoop(const TuAnalysis &A, const ApiCall &C,
   });
 }
 
+/// Where the function keeps what \p Result holds: \p Result itself, and
+/// for a local the places it is copied to (`mr = ib_alloc_mr(..); ...;
+/// xprt->bounce_mr = mr;`).
+static std::vector<Location> keptIn(const FunctionFlow &Flow, const Location &Result) {
+  std::vector<Location> Out{Flow.resolve(Result)};
+  if (!Out[0].Steps.empty())
+    return Out;
+  for (const Def &D : Flow.defs())
+    if (D.K == Def::Assign && D.Value)
+      if (auto V = locationOf(D.Value); V && Flow.resolve(*V) == Out[0])
+        Out.push_back(Flow.resolve(D.Target));
+  return Out;
+}
+
+static bool names(const FunctionFlow &Flow, const Expr *E, const Location &L) {
+  NamesLocation Finder(Flow, L);
+  Finder.TraverseStmt(const_cast<Expr *>(E));
+  return Finder.Found;
+}
+
+/// Does \p Value (`want` in `s->len = want`) appear among the arguments of
+/// the registration: the size kept is the size registered?
+static bool sizedBy(const FunctionFlow &Flow, const ApiCall &C, const Expr *Value) {
+  std::optional<Location> V = locationOf(Value);
+  if (!V)
+    return false;
+  return llvm::any_of(C.Call->arguments(),
+                      [&](const Expr *Arg) { return names(Flow, Arg, *V); });
+}
+
+/// Is \p S written to end in a return (`{ ...; return 0; }`)?
+static bool endsInReturn(const Stmt *S) {
+  if (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
+    return !CS->body_empty() && endsInReturn(CS->body_back());
+  return isa_and_nonnull<ReturnStmt>(S);
+}
+
 /// `if (!buf->mr) buf->mr = ibv_reg_mr(...)`: registered once, on first
-/// use, then cached; not per I/O.
+/// use, then cached; not per I/O. Also `if (want <= s->len) return 0;`
+/// ahead of a registration after which the function records the new
+/// `s->len`: it registers only when what it keeps no longer suffices.
 static bool registersLazily(const TuAnalysis &A, const ApiCall &C) {
   std::optional<Location> Result = A.resultOf(C.Call);
   if (!Result)
     return false;
-  const ParentMap &PM = A.flow(C.Caller).parents();
+  const FunctionFlow &Flow = A.flow(C.Caller);
+  std::vector<Location> Kept = keptIn(Flow, *Result);
+  const ParentMap &PM = Flow.parents();
   for (const Stmt *S = PM.getParent(C.Call); S; S = PM.getParent(S))
-    if (const auto *If = dyn_cast<IfStmt>(S)) {
-      NamesLocation Finder(A.flow(C.Caller), *Result);
-      Finder.TraverseStmt(const_cast<Expr *>(If->getCond()));
-      if (Finder.Found)
+    if (const auto *If = dyn_cast<IfStmt>(S))
+      for (const Location &L : Kept)
+        if (names(Flow, If->getCond(), L))
+          return true;
+  const auto *Body = dyn_cast_or_null<CompoundStmt>(C.Caller->getBody());
+  if (!Body)
+    return false;
+  for (const Stmt *St : Body->body()) {
+    const auto *Guard = dyn_cast<IfStmt>(St);
+    if (!Guard || !endsInReturn(Guard->getThen()) || Guard->getElse() ||
+        !Flow.reachableFrom(Guard->getCond(), C.Call))
+      continue;
+    for (const Def &D : Flow.defs()) {
+      Location T = Flow.resolve(D.Target);
+      const auto *VD = dyn_cast_or_null<VarDecl>(T.Root);
+      bool Shared = !T.Steps.empty() || (VD && VD->hasGlobalStorage());
+      if (Shared && D.S && D.K == Def::Assign && D.Value &&
+          Flow.reachableFrom(C.Call, D.S) && names(Flow, Guard->getCond(), T) &&
+          sizedBy(Flow, C, D.Value))
         return true;
     }
+  }
   return false;
 }
 
