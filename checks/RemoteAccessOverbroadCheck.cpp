@@ -22,12 +22,15 @@ void RemoteAccessOverbroadCheck::checkUnit(const TuAnalysis &A) {
       continue;
     // A registration helper is judged at each call, with the MR and the
     // rights that caller passes.
+    // Implicit ODP with remote rights is the whole address space: one
+    // finding, whether or not the key leaves.
+    if (checkImplicitOdp(A, S))
+      continue;
     std::vector<AccessSite> AtCalls = siteAtCalls(A, S);
     if (AtCalls.empty())
       checkUnusedRights(A, S);
     for (const AccessSite &At : AtCalls)
       checkUnusedRights(A, At);
-    checkImplicitOdp(A, S);
   }
   exportLeavingKeys(A);
   exportDefinitions(A);
@@ -274,21 +277,21 @@ static bool isAllOnes(std::optional<int64_t> V, const Expr *E,
   return (static_cast<uint64_t>(*V) & Mask) == Mask;
 }
 
-void RemoteAccessOverbroadCheck::checkImplicitOdp(const TuAnalysis &A,
+bool RemoteAccessOverbroadCheck::checkImplicitOdp(const TuAnalysis &A,
                                                   const AccessSite &S) {
   if (S.K != AccessSite::Registration)
-    return;
+    return false;
   const Expr *Addr = S.Call->arg(ArgRole::Addr);
   const Expr *Length = S.Call->arg(ArgRole::Length);
   if (!Addr || !Length)
-    return;
+    return false;
   ValueEval VE = A.values(S.Fn);
   const ASTContext &Ctx = A.context();
   bool ZeroAddr = Addr->isNullPointerConstant(
                       const_cast<ASTContext &>(Ctx),
                       Expr::NPC_ValueDependentIsNotNull) != Expr::NPCK_NotNull;
   if (!ZeroAddr || !isAllOnes(VE.constant(Length), Length, Ctx))
-    return;
+    return false;
   uint64_t OnDemand = A.flagBit(Flag::OnDemand);
   uint64_t Remote = remoteBits(A);
   for (const FlagAlt &Alt : S.Value.Alts) {
@@ -299,8 +302,9 @@ void RemoteAccessOverbroadCheck::checkImplicitOdp(const TuAnalysis &A,
                accessNames(A, S.D, Alt.Known & Remote) +
                "; any peer holding the rkey can reach all of the process's "
                "memory, register the buffers the peer needs instead");
-    return;
+    return true;
   }
+  return false;
 }
 
 void RemoteAccessOverbroadCheck::checkGlobalRkey(const TuAnalysis &A) {

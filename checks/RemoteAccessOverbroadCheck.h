@@ -21,7 +21,7 @@ protected:
 
 private:
   void checkUnusedRights(const TuAnalysis &A, const AccessSite &S);
-  void checkImplicitOdp(const TuAnalysis &A, const AccessSite &S);
+  bool checkImplicitOdp(const TuAnalysis &A, const AccessSite &S);
   void checkGlobalRkey(const TuAnalysis &A);
   void exportLeavingKeys(const TuAnalysis &A);
 };

@@ -74,6 +74,22 @@ struct ibv_mr *ulp_reg_everything(struct ulp_conn *c)
   // CHECK-MESSAGES: :[[@LINE-3]]:10: warning: implicit ODP registration of the whole address space grants IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ; any peer holding the rkey can reach all of the process's memory, register the buffers the peer needs instead [rdma-remote-access-overbroad]
 }
 
+/* Implicit ODP kept in the connection, its rkey used by nobody: one finding
+ * (the whole address space), not a second one for the unused rights. */
+struct ulp_odp_conn {
+  struct ibv_pd *pd;
+  struct ibv_mr *odp_mr;
+};
+
+int ulp_enable_odp(struct ulp_odp_conn *c)
+{
+  c->odp_mr = ibv_reg_mr(c->pd, NULL, SIZE_MAX,
+                         IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE |
+                             IBV_ACCESS_REMOTE_READ);
+  // CHECK-MESSAGES: :[[@LINE-3]]:15: warning: implicit ODP registration of the whole address space grants IBV_ACCESS_REMOTE_READ; any peer holding the rkey can reach all of the process's memory, register the buffers the peer needs instead [rdma-remote-access-overbroad]
+  return c->odp_mr ? 0 : -1;
+}
+
 /* Near misses. */
 
 /* The data MR's rkey goes into a message for the peer. */
