@@ -576,6 +576,14 @@ private:
   }
 
   /// Does the incident depend on the state its function was entered in?
+  /// Is \p I about an object \p Helper's own loop points at?
+  bool picksOwnObject(const FunctionDecl *Helper, const LifeIncident &I) {
+    const Stmt *Where = I.Anchor && I.AnchorFn == Helper ? I.Anchor
+                        : I.At && I.At->Fn == Helper     ? I.At->S
+                                                         : nullptr;
+    return Where && objectLoop(Helper, Where, I.Slot) != nullptr;
+  }
+
   static bool fromEntry(const LifeIncident &I) {
     if (I.OwnFailure)
       return false;
@@ -1344,6 +1352,10 @@ private:
       // helper: the helper's statement is the mistake (dlm_space_grow's
       // `s->mr = nmr` reached from a poll loop), not this call.
       bool HelpersOwn = I.K == LifeIncident::LeakOverwrite && S.Produced == &EntryMarker;
+      // A timeout or reaper loop in the helper picks its own objects
+      // (`for (..) { s = &pool->slots[i]; if (expired) put(s); }`): the
+      // state it found them in is theirs, not this caller's.
+      HelpersOwn |= picksOwnObject(E.Callee, I);
       if (fromEntry(I) && !HelpersOwn) {
         J.Anchor = CE;
         J.AnchorFn = W.Fn;

@@ -19,6 +19,7 @@ struct wq_req {
   void *data;
   struct ibv_mw *mw;
   uint32_t rkey; /* the key the window is bound under */
+  uint64_t deadline;
 };
 
 struct wq_queue {
@@ -197,4 +198,27 @@ int wq_lease_once(struct wq_queue *q, size_t len) {
     wq_req_done(q, req);
   // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'wq_req_done' recycles the request that holds a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
   return 0;
+}
+
+// A timeout reaper picks its own requests from the table: what it does
+// wrong it does to them, so it is reported where it recycles them, not
+// where the poll loop calls it.
+static void wq_reap(struct wq_queue *q, uint64_t now) {
+  int i;
+
+  for (i = 0; i < q->depth; i++) {
+    struct wq_req *req = &q->reqs[i];
+
+    if (!req->busy || req->deadline > now)
+      continue;
+    wq_req_done(q, req);
+    // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'wq_req_done' recycles the request that holds a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+  }
+}
+
+void wq_run(struct wq_queue *q, uint64_t now) {
+  struct ibv_wc wc;
+
+  while (ibv_poll_cq(q->cq, 1, &wc) >= 0)
+    wq_reap(q, now);
 }
