@@ -2231,11 +2231,20 @@ private:
     auto Result = [&](bool TrueMeansFailure) {
       return std::optional<bool>(TrueMeansFailure != Negated);
     };
-    if (Cond == Call)
+    // `err = read ? read_req(r) : write_req(r)`: the arm this path took is
+    // the tagged call.
+    auto IsCall = [&](const Expr *V) {
+      V = stripExpr(V);
+      if (const auto *CO = dyn_cast<ConditionalOperator>(V))
+        return stripExpr(CO->getTrueExpr()) == Call ||
+               stripExpr(CO->getFalseExpr()) == Call;
+      return V == Call;
+    };
+    if (IsCall(Cond))
       return Result(!Pointer);
     if (auto L = locationOf(Cond))
       for (const Def *D : A.flow(W.Fn).reaching(*L, Cond))
-        if (D && D->K == Def::Assign && stripExpr(D->Value) == Call)
+        if (D && D->K == Def::Assign && IsCall(D->Value))
           return Result(!Pointer);
     return std::nullopt;
   }
