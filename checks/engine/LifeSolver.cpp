@@ -885,6 +885,8 @@ private:
       // As for an exposure: the struct it was handed to answers for it.
       if (S.L == Life::Escaped)
         break;
+      // Invalidating its key says the struct holds the handle.
+      provenHeld(W, S, E.S);
       remember(S, E);
       S.L = Life::InvalPosted;
       S.Inval = &E;
