@@ -89,13 +89,6 @@ static bool sizedBy(const FunctionFlow &Flow, const ApiCall &C, const Expr *Valu
                       [&](const Expr *Arg) { return names(Flow, Arg, *V); });
 }
 
-/// Is \p S written to end in a return (`{ ...; return 0; }`)?
-static bool endsInReturn(const Stmt *S) {
-  if (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
-    return !CS->body_empty() && endsInReturn(CS->body_back());
-  return isa_and_nonnull<ReturnStmt>(S);
-}
-
 /// `if (!buf->mr) buf->mr = ibv_reg_mr(...)`: registered once, on first
 /// use, then cached; not per I/O. Also `if (want <= s->len) return 0;`
 /// ahead of a registration after which the function records the new
@@ -117,7 +110,8 @@ static bool registersLazily(const TuAnalysis &A, const ApiCall &C) {
     return false;
   for (const Stmt *St : Body->body()) {
     const auto *Guard = dyn_cast<IfStmt>(St);
-    if (!Guard || !endsInReturn(Guard->getThen()) || Guard->getElse() ||
+    if (!Guard || !isa_and_nonnull<ReturnStmt>(lastStatement(Guard->getThen())) ||
+        Guard->getElse() ||
         !Flow.reachableFrom(Guard->getCond(), C.Call))
       continue;
     for (const Def &D : Flow.defs()) {

@@ -528,6 +528,12 @@ struct ReturnValues : RecursiveASTVisitor<ReturnValues> {
 };
 } // namespace
 
+const Stmt *lastStatement(const Stmt *S) {
+  while (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
+    S = CS->body_empty() ? nullptr : CS->body_back();
+  return S;
+}
+
 llvm::SmallVector<const Expr *, 4> returnValues(const FunctionDecl *Fn) {
   ReturnValues RV;
   RV.TraverseStmt(Fn->getBody());

@@ -67,6 +67,9 @@ std::optional<Location> locationOf(const clang::Expr *E);
 
 /// Strip parens, implicit and explicit casts.
 const clang::Expr *stripExpr(const clang::Expr *E);
+/// The statement a branch ends with: \p S itself, or the last statement of
+/// its block, through nested blocks (null for an empty block).
+const clang::Stmt *lastStatement(const clang::Stmt *S);
 /// The values \p Fn's return statements give back, in body order.
 llvm::SmallVector<const clang::Expr *, 4> returnValues(const clang::FunctionDecl *Fn);
 /// The innermost for, while or do loop around \p S (null outside loops).

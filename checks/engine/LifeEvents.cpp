@@ -1036,24 +1036,27 @@ private:
     return DRE ? DRE->getDecl() : nullptr;
   }
 
+  /// `x` of `&x` (casts and parentheses stripped), or null.
+  static const Expr *addressed(const Expr *E) {
+    const auto *UO = dyn_cast_or_null<UnaryOperator>(E ? stripExpr(E) : nullptr);
+    return UO && UO->getOpcode() == UO_AddrOf ? stripExpr(UO->getSubExpr()) : nullptr;
+  }
+
+  /// The field `&p->list` names, or null.
+  static const FieldDecl *addressedField(const Expr *E) {
+    const auto *ME = dyn_cast_or_null<MemberExpr>(addressed(E));
+    return ME ? dyn_cast<FieldDecl>(ME->getMemberDecl()) : nullptr;
+  }
+
   /// `list_splice_init(&pool->drop_list, &batch)`: moved onto a local list.
   bool movedToLocal(const Stmt *S, const FieldDecl *F) {
     const auto *CE = dyn_cast<CallExpr>(S);
     const FunctionDecl *Callee = CE ? CE->getDirectCallee() : nullptr;
     if (!Callee || CE->getNumArgs() != 2 || !A.rules().isListMove(Callee->getName()))
       return false;
-    auto Field = [](const Expr *E) -> const ValueDecl * {
-      const auto *UO = dyn_cast<UnaryOperator>(stripExpr(E));
-      const auto *ME = UO && UO->getOpcode() == UO_AddrOf
-                           ? dyn_cast<MemberExpr>(stripExpr(UO->getSubExpr()))
-                           : nullptr;
-      return ME ? ME->getMemberDecl() : nullptr;
-    };
-    const auto *UO = dyn_cast<UnaryOperator>(stripExpr(CE->getArg(1)));
-    const auto *To = UO && UO->getOpcode() == UO_AddrOf
-                         ? dyn_cast_or_null<VarDecl>(refDecl(stripExpr(UO->getSubExpr())))
-                         : nullptr;
-    return Field(CE->getArg(0)) == F && To && To->hasLocalStorage();
+    const Expr *Batch = addressed(CE->getArg(1));
+    const auto *To = Batch ? dyn_cast_or_null<VarDecl>(refDecl(Batch)) : nullptr;
+    return addressedField(CE->getArg(0)) == F && To && To->hasLocalStorage();
   }
 
   /// A list (`&pool->drop_list`, `&req->registered`) the unit walks but
@@ -1061,11 +1064,7 @@ private:
   /// released, so putting one there recycles nothing. A list the unit only
   /// adds to may be a free list another unit takes from.
   bool onlyWalkedField(const Expr *Head) {
-    const auto *UO = dyn_cast_or_null<UnaryOperator>(Head ? stripExpr(Head) : nullptr);
-    const auto *ME = UO && UO->getOpcode() == UO_AddrOf
-                         ? dyn_cast<MemberExpr>(stripExpr(UO->getSubExpr()))
-                         : nullptr;
-    const auto *F = ME ? dyn_cast<FieldDecl>(ME->getMemberDecl()) : nullptr;
+    const FieldDecl *F = addressedField(Head);
     if (!F)
       return false;
     auto [It, New] = WalkedLists.try_emplace(F, false);

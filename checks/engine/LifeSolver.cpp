@@ -575,7 +575,6 @@ private:
            O.Anchor == I.Anchor;
   }
 
-  /// Does the incident depend on the state its function was entered in?
   /// Is \p I about an object \p Helper's own loop points at?
   bool picksOwnObject(const FunctionDecl *Helper, const LifeIncident &I) {
     const Stmt *Where = I.Anchor && I.AnchorFn == Helper ? I.Anchor
@@ -584,6 +583,7 @@ private:
     return Where && objectLoop(Helper, Where, I.Slot) != nullptr;
   }
 
+  /// Does the incident depend on the state its function was entered in?
   static bool fromEntry(const LifeIncident &I) {
     if (I.OwnFailure)
       return false;
@@ -1220,7 +1220,7 @@ private:
       if (E.Fn != W.Fn || !E.S || !within(Loop, E.S))
         continue;
       if (E.K == LifeEventKind::InvalidatePost && E.Slot == W.Slot && !E.Stable)
-        return LoopInvalidation[Key] = {&E, E.Signaled, false};
+        return It->second = {&E, E.Signaled, false};
       if (E.K != LifeEventKind::Call || Active.count(E.Callee) ||
           W.Depth >= budget::CallDepth)
         continue;
@@ -1245,7 +1245,7 @@ private:
           F = {X.S.Inval && X.S.Inval != &EntryMarker ? X.S.Inval : &E,
                X.S.Signaled, X.S.Waited};
       if (F.Inval)
-        return LoopInvalidation[Key] = F;
+        return It->second = F;
     }
     return It->second;
   }
@@ -1309,7 +1309,6 @@ private:
 
   /// Does the helper call \p E release the walk's slot on every path?
   bool callReleases(Walk &W, const LifeEvent &E) {
-    const auto *CE = cast<CallExpr>(E.S);
     std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, E);
     if (!In || Active.count(E.Callee) || W.Depth >= budget::CallDepth)
       return false;
@@ -1357,8 +1356,7 @@ private:
       // A timeout or reaper loop in the helper picks its own objects
       // (`for (..) { s = &pool->slots[i]; if (expired) put(s); }`): the
       // state it found them in is theirs, not this caller's.
-      HelpersOwn |= picksOwnObject(E.Callee, I);
-      if (fromEntry(I) && !HelpersOwn) {
+      if (fromEntry(I) && !HelpersOwn && !picksOwnObject(E.Callee, I)) {
         J.Anchor = CE;
         J.AnchorFn = W.Fn;
         J.OwnFailure = failedHere(W, S);
@@ -1439,14 +1437,21 @@ private:
   }
 
   static bool isConditionOf(const Stmt *P, const Expr *E) {
-    const Expr *Cond = nullptr;
-    if (const auto *I = dyn_cast<IfStmt>(P))
-      Cond = I->getCond();
-    else if (const auto *F = dyn_cast<ForStmt>(P))
-      Cond = F->getCond();
-    else if (const auto *W = dyn_cast<WhileStmt>(P))
-      Cond = W->getCond();
+    const Expr *Cond = conditionOf(P);
     return Cond && Cond->IgnoreParenImpCasts() == E;
+  }
+
+  /// The condition an if, for, while or do statement tests, or null.
+  static const Expr *conditionOf(const Stmt *S) {
+    if (const auto *I = dyn_cast<IfStmt>(S))
+      return I->getCond();
+    if (const auto *F = dyn_cast<ForStmt>(S))
+      return F->getCond();
+    if (const auto *W = dyn_cast<WhileStmt>(S))
+      return W->getCond();
+    if (const auto *D = dyn_cast<DoStmt>(S))
+      return D->getCond();
+    return nullptr;
   }
 
   /// The loop \p Term (an `&&` or `||` of its condition) jumps out of
@@ -1458,18 +1463,13 @@ private:
     const ParentMap &PM = A.flow(W.Fn).parents();
     const Stmt *Child = BO;
     for (const Stmt *P = PM.getParent(BO); P; Child = P, P = PM.getParent(P)) {
-      const Expr *Cond = nullptr;
-      if (const auto *F = dyn_cast<ForStmt>(P))
-        Cond = F->getCond();
-      else if (const auto *Wh = dyn_cast<WhileStmt>(P))
-        Cond = Wh->getCond();
-      else if (!isa<Expr>(P))
-        return nullptr;
-      if (!Cond)
+      if (!isa<ForStmt, WhileStmt>(P)) {
+        if (!isa<Expr>(P))
+          return nullptr;
         continue;
-      if (Cond != Child)
-        return nullptr;
-      return loopExit(W.Fn, P) == &To ? P : nullptr;
+      }
+      if (const Expr *Cond = conditionOf(P))
+        return Cond == Child && loopExit(W.Fn, P) == &To ? P : nullptr;
     }
     return nullptr;
   }
@@ -2270,17 +2270,16 @@ private:
     return M && M->E == Effect::WaitCompletionTimeout;
   }
 
-  /// A block that leaves the function early: a goto, or a return of a
-  /// value within a couple of blocks.
   /// `{ pr_err(..); return ret == -ENOMEM ? BUSY : IOERR; }`: a branch
   /// written to end in a return or goto, however many blocks its last
   /// expression takes.
   static bool endsInExit(const Stmt *S) {
-    if (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
-      return !CS->body_empty() && endsInExit(CS->body_back());
-    return isa_and_nonnull<ReturnStmt>(S) || isa_and_nonnull<GotoStmt>(S);
+    const Stmt *Last = lastStatement(S);
+    return isa_and_nonnull<ReturnStmt>(Last) || isa_and_nonnull<GotoStmt>(Last);
   }
 
+  /// A block that leaves the function early: a goto, or a return of a
+  /// value within a couple of blocks.
   static bool exitsEarly(const CFGBlock &B) {
     const CFGBlock *Cur = &B;
     for (unsigned Hops = 0; Cur && Hops < budget::ErrorExitHops; ++Hops) {

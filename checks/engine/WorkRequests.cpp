@@ -1059,12 +1059,13 @@ bool creditGated(const TuAnalysis &A, const PostSite &P) {
     for (const Location &Counter : R.Found) {
       Location C = Flow.resolve(Counter);
       for (const Def &D : Flow.defs()) {
+        if (Flow.resolve(D.Target) != C)
+          continue;
         // Taken after the post, or reserved between the test and the post
         // (`if (sq_free < 3) return -EAGAIN; sq_free -= 3; ...; post`).
         bool After = Flow.reachableFrom(P.Call->Call, D.S);
-        bool Reserved = Flow.reachableFrom(If->getCond(), D.S) &&
-                        Flow.reachableFrom(D.S, P.Call->Call);
-        if (Flow.resolve(D.Target) != C || !(After || Reserved))
+        if (!After && !(Flow.reachableFrom(If->getCond(), D.S) &&
+                        Flow.reachableFrom(D.S, P.Call->Call)))
           continue;
         std::optional<int64_t> Amount;
         if (D.K == Def::Increment)
