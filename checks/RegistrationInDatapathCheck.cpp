@@ -36,29 +36,6 @@ public:
 };
 } // namespace
 
-/// A session function (`echo_serve_one`, a benchmark's run loop): it
-/// registers once, outside the loop in which it posts or polls.
-static bool registersOutsideItsLoop(const TuAnalysis &A, const ApiCall &C,
-                                    const DatapathReason &Why) {
-  if (Why.Seed != C.Caller)
-    return false;
-  const ParentMap &PM = A.flow(C.Caller).parents();
-  if (enclosingLoop(PM, C.Call))
-    return false;
-  std::vector<const CallExpr *> Posts;
-  for (const ApiCall &D : A.calls())
-    if (D.Caller == C.Caller && isDatapathCall(D))
-      Posts.push_back(D.Call);
-  // Posts through a helper (`iorpc_post(c, ...)`) count where they are called.
-  const Inventory &Inv = Inventory::of(A);
-  for (const FunctionDecl *Helper : A.functions())
-    if (const DatapathReason *R = Inv.datapath(Helper); R && R->Seed == Helper)
-      llvm::append_range(Posts, A.callsTo(C.Caller, Helper));
-  return !Posts.empty() && llvm::all_of(Posts, [&](const CallExpr *P) {
-    return enclosingLoop(PM, P) != nullptr;
-  });
-}
-
 /// Where the function keeps what \p Result holds: \p Result itself, and
 /// for a local the places it is copied to (`mr = ib_alloc_mr(..); ...;
 /// xprt->bounce_mr = mr;`).
@@ -127,16 +104,6 @@ static bool registersLazily(const TuAnalysis &A, const ApiCall &C) {
   return false;
 }
 
-/// Is \p T a pointer to a connection-lifetime object (QP, CQ, PD, ...)?
-static bool isConnectionType(const TuAnalysis &A, QualType T) {
-  const auto *P = T->getAs<PointerType>();
-  const RecordDecl *RD = P ? P->getPointeeType()->getAsRecordDecl() : nullptr;
-  if (!RD)
-    return false;
-  const auto &Names = A.rules().domain(A.domain()).ConnectionTypes;
-  return llvm::is_contained(Names, RD->getName());
-}
-
 /// The MR handle lives as long as a connection: in a global, or in a struct
 /// that also holds the connection's QP, CQ or PD (`conn->login_mr`,
 /// `dev->mr`). Registering it happens once per connection even when the
@@ -153,11 +120,7 @@ static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
   // An array element counts by the struct holding the array: a
   // connection's table of MRs (`conn->cmd_mrs[i]`) is filled once.
   const FieldDecl *Last = R.lastField();
-  if (!Last)
-    return false;
-  return llvm::any_of(Last->getParent()->fields(), [&](const FieldDecl *F) {
-    return isConnectionType(A, F->getType());
-  });
+  return Last && A.holdsConnection(Last->getParent());
 }
 
 /// The variable \p E names, through casts.
@@ -246,8 +209,12 @@ static bool loopsOverTable(const TuAnalysis &A, const ApiCall &C) {
 /// a loop over the whole table, or the unwinding of such a loop in the
 /// same function (`while (i--) ibv_dereg_mr(s->mr[i])` after the fill).
 static bool wholeTable(const TuAnalysis &A, const ApiCall &C) {
-  std::optional<Location> L = registeredHandle(A, C);
-  const FieldDecl *Table = L ? tableOf(*L) : nullptr;
+  // Through a local alias of the element (`b = &r->blocks[i]; b->mr = ..`).
+  auto TableOf = [&](const ApiCall &Call) -> const FieldDecl * {
+    std::optional<Location> L = registeredHandle(A, Call);
+    return L ? tableOf(A.flow(Call.Caller).resolve(*L)) : nullptr;
+  };
+  const FieldDecl *Table = TableOf(C);
   if (!Table)
     return false;
   if (!countsDown(loopCondition(A, C)))
@@ -256,8 +223,7 @@ static bool wholeTable(const TuAnalysis &A, const ApiCall &C) {
     if (Fill.Caller != C.Caller || Fill.Call == C.Call ||
         Fill.Model->E == Effect::MrDeregister || !isPerIoCall(Fill.Model->E))
       return false;
-    std::optional<Location> F = registeredHandle(A, Fill);
-    return F && tableOf(*F) == Table && loopsOverTable(A, Fill);
+    return TableOf(Fill) == Table && loopsOverTable(A, Fill);
   });
 }
 
@@ -274,16 +240,24 @@ static std::string cost(const TuAnalysis &A, Effect E) {
                "I/O";
 }
 
+/// A registration or deregistration that runs once per I/O.
+static bool perIo(const TuAnalysis &A, const Inventory &Inv,
+                  const RegistrationSite &S) {
+  if (!S.Call || !S.Datapath || !isPerIoCall(S.Call->Model->E) ||
+      registersLazily(A, *S.Call) || heldPerConnection(A, *S.Call) ||
+      wholeTable(A, *S.Call))
+    return false;
+  // A session function's own setup, outside the loop it posts or polls in.
+  const DatapathReason *Why = Inv.datapath(S.Fn);
+  return !(Why->Seed == S.Fn && Inv.outsideIoLoop(S.Fn, S.Call->Call));
+}
+
 void RegistrationInDatapathCheck::checkUnit(const TuAnalysis &A) {
   const Inventory &Inv = Inventory::of(A);
   for (const RegistrationSite &S : Inv.sites()) {
-    if (!S.Call || !S.Datapath || !isPerIoCall(S.Call->Model->E) ||
-        registersLazily(A, *S.Call) || heldPerConnection(A, *S.Call) ||
-        wholeTable(A, *S.Call))
+    if (!perIo(A, Inv, S))
       continue;
     const DatapathReason *Why = Inv.datapath(S.Fn);
-    if (registersOutsideItsLoop(A, *S.Call, *Why))
-      continue;
     // Exposed memory gets no cache rewrite (the inventory offers none): its
     // key must die with its I/O.
     bool Exposed = S.Role == SiteRole::Expose;

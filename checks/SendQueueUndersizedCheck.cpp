@@ -59,10 +59,52 @@ std::optional<Capacity> capacityOf(const Linear &V) {
   return C;
 }
 
+/// The request a work request on the stack belongs to: a ULP object its
+/// posting function is given (`tqs_detach(struct tqs *t, struct tqs_slot
+/// *s)`: the slot, not the connection that holds the QP).
+std::vector<const RecordDecl *> requestParams(const TuAnalysis &A,
+                                              const WrSlot &S) {
+  std::vector<const RecordDecl *> Out;
+  for (const auto &[L, F] : S.Names)
+    for (const ParmVarDecl *P : F ? F->parameters() : ArrayRef<ParmVarDecl *>())
+      if (const auto *PT = P->getType()->getAs<PointerType>())
+        if (const RecordDecl *RD = PT->getPointeeType()->getAsRecordDecl())
+          if (!A.structOf(P->getType()) && !A.holdsConnection(RD))
+            Out.push_back(RD);
+  return Out;
+}
+
+/// The size of a constant array of \p Request: a global table or a field
+/// anywhere in the unit, or only a field of \p In when given (`struct
+/// tqs_slot slots[TQS_SLOTS]` in the connection that holds the QP).
+std::optional<int64_t> arrayOf(const TuAnalysis &A, const RecordDecl *Request,
+                               const RecordDecl *In = nullptr) {
+  auto ArrayOfRequests = [&](QualType FT) -> std::optional<int64_t> {
+    if (const auto *CAT = dyn_cast<ConstantArrayType>(FT.getCanonicalType()))
+      if (const RecordDecl *E = CAT->getElementType()->getAsRecordDecl())
+        if (E->getCanonicalDecl() == Request->getCanonicalDecl())
+          return CAT->getSize().getSExtValue();
+    return std::nullopt;
+  };
+  for (const Decl *D : A.context().getTranslationUnitDecl()->decls()) {
+    if (const auto *VD = dyn_cast<VarDecl>(D); VD && !In)
+      if (auto N = ArrayOfRequests(VD->getType()))
+        return N;
+    if (const auto *RD = dyn_cast<RecordDecl>(D))
+      if (RD->isThisDeclarationADefinition() &&
+          (!In || RD->getCanonicalDecl() == In->getCanonicalDecl()))
+        for (const FieldDecl *FD : RD->fields())
+          if (auto N = ArrayOfRequests(FD->getType()))
+            return N;
+  }
+  return std::nullopt;
+}
+
 /// The number of requests that can be in flight when the code bounds it
 /// with an array: the slots live in `slots[64]`, or the request struct is
 /// kept in `struct dfsc_call calls[128]`.
 std::optional<int64_t> requestArrayBound(const TuAnalysis &A,
+                                         const QpCreation &Q,
                                          const RequestCost &Cost) {
   for (const auto &[S, N] : Cost.Slots) {
     const SlotKey &K = S->Key.Storage;
@@ -82,27 +124,17 @@ std::optional<int64_t> requestArrayBound(const TuAnalysis &A,
         return CAT->getSize().getSExtValue();
       break;
     }
-    // An array of the request struct itself, anywhere in the unit.
-    const RecordDecl *Request = K.record();
-    if (!Request)
+    // An array of the request struct itself, anywhere in the unit; for a
+    // request given to the posting function, in the connection.
+    if (const RecordDecl *Request = K.record()) {
+      if (std::optional<int64_t> N = arrayOf(A, Request))
+        return N;
       continue;
-    auto ArrayOfRequests = [&](QualType FT) -> std::optional<int64_t> {
-      if (const auto *CAT = dyn_cast<ConstantArrayType>(FT.getCanonicalType()))
-        if (const RecordDecl *E = CAT->getElementType()->getAsRecordDecl())
-          if (E->getCanonicalDecl() == Request->getCanonicalDecl())
-            return CAT->getSize().getSExtValue();
-      return std::nullopt;
-    };
-    for (const Decl *D : A.context().getTranslationUnitDecl()->decls()) {
-      if (const auto *VD = dyn_cast<VarDecl>(D))
-        if (auto N = ArrayOfRequests(VD->getType()))
-          return N;
-      if (const auto *RD = dyn_cast<RecordDecl>(D))
-        if (RD->isThisDeclarationADefinition())
-          for (const FieldDecl *FD : RD->fields())
-            if (auto N = ArrayOfRequests(FD->getType()))
-              return N;
     }
+    if (const RecordDecl *Conn = Q.QpKey.record())
+      for (const RecordDecl *Request : requestParams(A, *S))
+        if (std::optional<int64_t> N = arrayOf(A, Request, Conn))
+          return N;
   }
   return std::nullopt;
 }
@@ -149,7 +181,7 @@ bool SendQueueUndersizedCheck::checkLocal(const TuAnalysis &A,
   const CallExpr *Drain = W.sendDrain(Q);
   // With a bound on the requests in flight, compare entries.
   std::optional<int64_t> Requests =
-      Cap.Total ? requestArrayBound(A, Cost) : std::nullopt;
+      Cap.Total ? requestArrayBound(A, Q, Cost) : std::nullopt;
   if (Cap.Total && Requests) {
     int64_t Needed = C * *Requests;
     if (Needed > *Cap.Total) {
@@ -170,7 +202,10 @@ bool SendQueueUndersizedCheck::checkLocal(const TuAnalysis &A,
     }
     return false;
   }
-  if (!Cap.PerRequest)
+  // `max_send_wr = SQ_DEPTH` alone counts entries, not requests: without a
+  // bound on the requests in flight there is nothing to compare with.
+  bool BareConstant = Cap.Total && Cap.PerRequest == 1 && Cap.Spare == 0;
+  if (!Cap.PerRequest || BareConstant)
     return false;
   if (C > Cap.PerRequest) {
     report(A, At,

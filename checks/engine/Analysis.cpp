@@ -373,6 +373,20 @@ const StructModel *TuAnalysis::structOf(QualType T) const {
   return R.structure(RT->getDecl()->getName());
 }
 
+bool TuAnalysis::isConnectionPointer(QualType T) const {
+  const auto *P = T->getAs<PointerType>();
+  const RecordDecl *RD = P ? P->getPointeeType()->getAsRecordDecl() : nullptr;
+  return RD && RD->getIdentifier() &&
+         llvm::is_contained(R.domain(TuDomain).ConnectionTypes, RD->getName());
+}
+
+bool TuAnalysis::holdsConnection(const RecordDecl *RD) const {
+  RD = RD ? RD->getDefinition() : nullptr;
+  return RD && llvm::any_of(RD->fields(), [&](const FieldDecl *F) {
+           return isConnectionPointer(F->getType());
+         });
+}
+
 static const FieldDecl *fieldNamed(QualType T, StringRef Name) {
   const RecordType *RT = objectType(T)->getAs<RecordType>();
   if (!RT || !RT->getDecl()->getDefinition())

@@ -103,6 +103,11 @@ public:
 
   /// The modelled struct of a record type (through pointers and typedefs).
   const StructModel *structOf(clang::QualType T) const;
+  /// A pointer to a connection-lifetime object (QP, CQ, PD, cm_id, ...:
+  /// connection_types in rules/).
+  bool isConnectionPointer(clang::QualType T) const;
+  /// A struct that holds such a pointer: a connection, device or server.
+  bool holdsConnection(const clang::RecordDecl *RD) const;
   /// Role of a member access chain, with the object that owns the field.
   /// `req->reg_wr.wr.opcode` -> (ib_send_wr model, "opcode", req.reg_wr.wr).
   std::optional<FieldStore> classifyMember(const clang::Expr *LValue) const;

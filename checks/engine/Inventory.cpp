@@ -446,7 +446,8 @@ void Inventory::findDatapath() {
         continue;
       for (const auto &[Call, Caller] : A.callersOf(Fn)) {
         auto It = Datapath.find(Caller);
-        if (It == Datapath.end())
+        if (It == Datapath.end() ||
+            (It->second.Seed == Caller && outsideIoLoop(Caller, Call)))
           continue;
         Datapath[Fn] = It->second;
         Grew = true;
@@ -454,6 +455,43 @@ void Inventory::findDatapath() {
       }
     }
   }
+}
+
+bool Inventory::outsideIoLoop(const FunctionDecl *Fn, const Stmt *S) const {
+  const ParentMap &PM = A.flow(Fn).parents();
+  if (enclosingLoop(PM, S))
+    return false;
+  std::vector<const CallExpr *> Io;
+  for (const ApiCall &D : A.calls())
+    if (D.Caller == Fn && isDatapathCall(D))
+      Io.push_back(D.Call);
+  // Posts through a helper (`iorpc_post(c, ...)`) count where they are called.
+  for (const FunctionDecl *Helper : A.functions())
+    if (const DatapathReason *R = datapath(Helper);
+        R && R->Seed == Helper && Helper != Fn)
+      llvm::append_range(Io, A.callsTo(Fn, Helper));
+  if (Io.empty())
+    return false;
+  if (llvm::all_of(Io, [&](const CallExpr *P) { return enclosingLoop(PM, P); }))
+    return true;
+  // Or it has an I/O loop that both posts and reaps completions; what it
+  // does once outside it (reading a header first) is part of the session.
+  auto Inside = [&](const Stmt *S, const Stmt *Loop) {
+    for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
+      if (P == Loop)
+        return true;
+    return false;
+  };
+  for (const ApiCall &Poll : A.calls()) {
+    const Stmt *Loop = Poll.Caller == Fn && Poll.Model->E == Effect::CqPoll
+                           ? enclosingLoop(PM, Poll.Call)
+                           : nullptr;
+    if (Loop && llvm::any_of(Io, [&](const CallExpr *Post) {
+          return Post != Poll.Call && Inside(Post, Loop);
+        }))
+      return true;
+  }
+  return false;
 }
 
 const DatapathReason *Inventory::datapath(const FunctionDecl *Fn) const {

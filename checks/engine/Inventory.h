@@ -87,6 +87,10 @@ public:
   /// data path; when only through a helper that posts, it registers memory
   /// the I/O brings or deregisters an MR registered per I/O.
   bool onDatapath(const ApiCall &C) const;
+  /// A session function (`echo_serve_one`, a benchmark's run loop) posts
+  /// and polls only inside loops: \p S, outside every loop of \p Fn, is
+  /// its setup or teardown and runs once per session, not per I/O.
+  bool outsideIoLoop(const clang::FunctionDecl *Fn, const clang::Stmt *S) const;
   /// The core API that replaces a site (rules/api/*.yaml, `migration`).
   std::string replacement(const RegistrationSite &S) const;
   std::string replacement(MigrationKey Key) const;

@@ -42,6 +42,7 @@ struct RawDomainFile {
   std::vector<std::string> IbOnlyCapabilities;
   std::vector<std::string> ListTakeMacros, ListWalkMacros, ListMoveCalls;
   std::vector<std::string> ReleaseCallbackWords;
+  std::map<std::string, std::string> CreditTakeCalls;
   std::map<std::string, int64_t> PortableCaps;
   std::map<std::string, std::string> Migration;
   std::vector<std::string> ConnectionTypes;
@@ -113,6 +114,7 @@ template <> struct MappingTraits<RawDomainFile> {
     Io.mapOptional("portable_caps", D.PortableCaps);
     Io.mapOptional("migration", D.Migration);
     Io.mapOptional("connection_types", D.ConnectionTypes);
+    Io.mapOptional("credit_take_calls", D.CreditTakeCalls);
     Io.mapOptional("fixits", D.Fixits);
     Io.mapOptional("cache_rewrite", D.Cache);
     Io.mapOptional("rw_mr_pool", D.RwMrPool);
@@ -393,6 +395,16 @@ struct RulesBuilder {
     DM.ListMoveCalls = Raw.ListMoveCalls;
     DM.ReleaseCallbackWords = Raw.ReleaseCallbackWords;
     DM.ConnectionTypes = Raw.ConnectionTypes;
+    for (auto &[Name, Amount] : Raw.CreditTakeCalls) {
+      unsigned Arg = 0;
+      if (Amount == "one")
+        DM.CreditTakeCalls[Name] = std::nullopt;
+      else if (!llvm::StringRef(Amount).getAsInteger(10, Arg))
+        DM.CreditTakeCalls[Name] = Arg;
+      else
+        return fail("credit_take_calls: '" + Name + ": " + Amount +
+                    "' is neither `one` nor an argument index");
+    }
     for (auto &[Family, Flags] : Raw.Flags)
       for (auto &[Name, Enumerator] : Flags) {
         std::optional<Flag> F = flagNamed(Family, Name);
@@ -672,6 +684,16 @@ bool Rules::isListMove(llvm::StringRef Callee) const {
     if (llvm::is_contained(D.ListMoveCalls, Callee))
       return true;
   return false;
+}
+
+std::optional<std::optional<unsigned>>
+Rules::creditTake(llvm::StringRef Callee) const {
+  for (const DomainModel &D : Domains) {
+    auto It = D.CreditTakeCalls.find(Callee.str());
+    if (It != D.CreditTakeCalls.end())
+      return It->second;
+  }
+  return std::nullopt;
 }
 
 bool Rules::isReleaseCallback(llvm::StringRef Field) const {

@@ -208,6 +208,10 @@ struct DomainModel {
   /// Words that name a release in a function-pointer field
   /// (`page_release`, `ops->free`): calling it hands its object back.
   std::vector<std::string> ReleaseCallbackWords;
+  /// Calls that take send-queue credits and report whether there were
+  /// enough (`atomic_dec_return`), with the argument that says how many
+  /// (none: one).
+  std::map<std::string, std::optional<unsigned>> CreditTakeCalls;
   std::map<FieldRole, int64_t> PortableCaps;
   /// What replaces hand-written registration (see rules/api/*.yaml,
   /// `migration`).
@@ -292,6 +296,10 @@ public:
   /// Does a function-pointer field of this name release what it is given
   /// (one of its `_`-separated words is a release_callback_words entry)?
   bool isReleaseCallback(llvm::StringRef Field) const;
+  /// For a call that takes credits from a counter (credit_take_calls): the
+  /// argument with the amount, or none when it takes one. Not such a call:
+  /// nullopt.
+  std::optional<std::optional<unsigned>> creditTake(llvm::StringRef Callee) const;
   bool isIbOnlyCapability(llvm::StringRef Enumerator) const;
 
   const std::vector<RuleInfo> &catalog() const { return Catalog; }

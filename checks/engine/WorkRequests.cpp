@@ -163,6 +163,8 @@ public:
       W.TraverseStmt(const_cast<Stmt *>(Body));
       if (W.Found)
         break; // the I/O loop: one request per iteration
+      if (sweepsRequests(Cond, Body))
+        continue; // another request (or connection) per iteration
       if (std::optional<TripCount> T = trips(Cond, P, F)) {
         Total.N *= T->N;
         Total.Name = Total.Name.empty() ? T->Name : Total.Name + "*" + T->Name;
@@ -172,6 +174,60 @@ public:
   }
 
 private:
+  /// `for (i = 0; i < N; i++) post_inv(c, &c->ios[i])`: the loop walks a
+  /// table of ULP objects kept by the connection (the struct holding the
+  /// QP) or in a global: teardown, a timeout reaper, a broadcast to every
+  /// client. Each iteration is another request, not another part of one;
+  /// a request's own parts live in the request (`req->frags[i]`).
+  bool sweepsRequests(const Expr *Cond, const Stmt *Body) const {
+    if (!Cond)
+      return false;
+    struct Vars : RecursiveASTVisitor<Vars> {
+      llvm::SmallPtrSet<const VarDecl *, 2> Found;
+      bool VisitDeclRefExpr(DeclRefExpr *DRE) {
+        if (const auto *VD = dyn_cast<VarDecl>(DRE->getDecl()))
+          Found.insert(VD);
+        return true;
+      }
+    } Index;
+    Index.TraverseStmt(const_cast<Expr *>(Cond));
+    struct Tables : RecursiveASTVisitor<Tables> {
+      Tables(const TuAnalysis &A, const Vars &Index) : A(A), Index(Index) {}
+      bool VisitArraySubscriptExpr(ArraySubscriptExpr *AS) {
+        const auto *I = dyn_cast<DeclRefExpr>(stripExpr(AS->getIdx()));
+        if (!I || !Index.Found.count(dyn_cast<VarDecl>(I->getDecl())))
+          return true;
+        Found |= ulpObject(AS->getType()) && ownedByConnection(AS->getBase());
+        return !Found;
+      }
+      /// A struct of the ULP (not a verbs struct), or a pointer to one.
+      bool ulpObject(QualType T) const {
+        if (const auto *P = T->getAs<PointerType>())
+          T = P->getPointeeType();
+        const RecordDecl *RD = T->getAsRecordDecl();
+        return RD && !A.structOf(T) && !A.isConnectionPointer(
+                                           A.context().getPointerType(T));
+      }
+      bool ownedByConnection(const Expr *Base) const {
+        Base = stripExpr(Base);
+        if (const auto *ME = dyn_cast<MemberExpr>(Base)) {
+          const auto *FD = dyn_cast<FieldDecl>(ME->getMemberDecl());
+          if (FD && A.holdsConnection(FD->getParent()))
+            return true;
+          return ownedByConnection(ME->getBase());
+        }
+        const auto *DRE = dyn_cast<DeclRefExpr>(Base);
+        const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+        return VD && VD->hasGlobalStorage();
+      }
+      const TuAnalysis &A;
+      const Vars &Index;
+      bool Found = false;
+    } T(A, Index);
+    T.TraverseStmt(const_cast<Stmt *>(Body));
+    return T.Found;
+  }
+
   /// `i < K`, `K > i`, `i <= K - 1`: K when i starts at 0 and counts up.
   std::optional<TripCount> trips(const Expr *Cond, const Stmt *Loop,
                                  const FunctionDecl *F) const {
@@ -999,6 +1055,29 @@ const ApiCall *coreChain(const TuAnalysis &A, const Expr *Wr,
   return nullptr;
 }
 
+/// The handle a registration work request registers, binds or invalidates
+/// (`bd->bd_mw`, `req->mr->rkey`), or none when the code does not say.
+SlotKey registeredHandle(const TuAnalysis &A, const WrSlot &S) {
+  auto KeyOf = [&](const Expr *E, const FunctionDecl *F) {
+    std::optional<Location> L = E ? locationOf(E) : std::nullopt;
+    return L ? SlotKey::of(A.flow(F).resolve(*L), F) : SlotKey();
+  };
+  if (S.Key.Site) {
+    for (const ApiCall &C : A.calls())
+      if (C.Call == S.Key.Site)
+        for (ArgRole R : {ArgRole::Mw, ArgRole::Mkey, ArgRole::InvalidateRkey})
+          if (const Expr *E = C.arg(R))
+            return KeyOf(E, C.Caller);
+    return SlotKey();
+  }
+  for (FieldRole R :
+       {FieldRole::RegMr, FieldRole::BindMw, FieldRole::InvalidateRkey})
+    for (const FieldStore *FS : slotStores(A, S, R))
+      if (FS->Value)
+        return KeyOf(FS->Value, FS->Fn);
+  return SlotKey();
+}
+
 /// How many times one request runs \p P: loops over the request's parts
 /// around it, and helpers called several times in a row (once per MR).
 unsigned repeatOf(const TuAnalysis &A, const Loops &Loop, const PostSite &P) {
@@ -1023,18 +1102,62 @@ unsigned repeatOf(const TuAnalysis &A, const Loops &Loop, const PostSite &P) {
   return Here * FromCallers;
 }
 
-/// `if (q->sq_free < N) return -EAGAIN; post; q->sq_free -= N;` (or the
-/// entries reserved before the post): posts held back until the ULP's
-/// count of free send-queue entries allows them.
-bool creditGated(const TuAnalysis &A, const PostSite &P) {
-  const FunctionFlow &Flow = A.flow(P.Fn);
-  unsigned Needed = P.entries();
-  auto Leaves = [](const Stmt *S) {
-    if (const auto *CS = dyn_cast_or_null<CompoundStmt>(S))
-      S = CS->body_empty() ? nullptr : CS->body_back();
-    return isa_and_nonnull<ReturnStmt>(S) || isa_and_nonnull<GotoStmt>(S) ||
-           isa_and_nonnull<BreakStmt>(S) || isa_and_nonnull<ContinueStmt>(S);
-  };
+/// A branch that leaves: its last statement returns, jumps or ends the loop.
+bool leaves(const Stmt *Branch) {
+  const Stmt *S = lastStatement(Branch);
+  return isa_and_nonnull<ReturnStmt, GotoStmt, BreakStmt, ContinueStmt>(S);
+}
+
+/// \p E is (inside) the condition of an if or a loop: its value is tested.
+bool tested(const FunctionFlow &Flow, const Expr *E) {
+  const Stmt *Child = E;
+  for (const Stmt *P = Flow.parents().getParent(E); P;
+       Child = P, P = Flow.parents().getParent(P)) {
+    const Expr *Cond = nullptr;
+    if (const auto *If = dyn_cast<IfStmt>(P))
+      Cond = If->getCond();
+    else if (const auto *W = dyn_cast<WhileStmt>(P))
+      Cond = W->getCond();
+    else if (const auto *D = dyn_cast<DoStmt>(P))
+      Cond = D->getCond();
+    else if (const auto *F = dyn_cast<ForStmt>(P))
+      Cond = F->getCond();
+    if (Cond)
+      return Child == Cond;
+    if (!isa<Expr>(P))
+      return false;
+  }
+  return false;
+}
+
+/// The amount a decrement of a credit counter takes: a constant, or a
+/// parameter of \p Fn the call \p Site binds to one (`iface->tx_available
+/// -= wqes` in the post helper, `uct_rc_iface_post(iface, desc, 2)`).
+std::optional<int64_t> creditAmount(const TuAnalysis &A, const Def &D,
+                                    const FunctionDecl *Fn,
+                                    const CallExpr *Site,
+                                    const FunctionDecl *Caller) {
+  if (D.K == Def::Increment)
+    return 1;
+  if (D.K != Def::Compound || (D.Op != BO_SubAssign && D.Op != BO_AddAssign))
+    return std::nullopt;
+  if (std::optional<int64_t> K = A.values(Fn).constant(D.Value))
+    return K;
+  const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(D.Value));
+  const auto *PV = DRE ? dyn_cast<ParmVarDecl>(DRE->getDecl()) : nullptr;
+  if (!PV || !Site || PV->getFunctionScopeIndex() >= Site->getNumArgs())
+    return std::nullopt;
+  return A.values(Caller).constant(Site->getArg(PV->getFunctionScopeIndex()));
+}
+
+/// `if (q->sq_free < N) return -EAGAIN; ... q->sq_free -= N;` in \p Fn
+/// before \p At: the test leaves when the count of free send-queue entries
+/// is short, and the entries are taken between the test and \p At, after
+/// \p At, or (when \p At calls the posting helper \p Callee) by the helper.
+bool testsCredits(const TuAnalysis &A, const FunctionDecl *Fn, const Stmt *At,
+                  unsigned Needed, const FunctionDecl *Callee = nullptr) {
+  const FunctionFlow &Flow = A.flow(Fn);
+  const auto *Site = dyn_cast<CallExpr>(At);
   struct Reads : RecursiveASTVisitor<Reads> {
     std::vector<Location> Found;
     bool VisitMemberExpr(MemberExpr *ME) {
@@ -1050,9 +1173,12 @@ bool creditGated(const TuAnalysis &A, const PostSite &P) {
       return true;
     }
   } G;
-  G.TraverseStmt(P.Fn->getBody());
+  G.TraverseStmt(Fn->getBody());
+  auto Enough = [&](std::optional<int64_t> Amount) {
+    return Amount && *Amount >= static_cast<int64_t>(Needed);
+  };
   for (const IfStmt *If : G.Ifs) {
-    if (!Leaves(If->getThen()) || !Flow.reachableFrom(If->getCond(), P.Call->Call))
+    if (!leaves(If->getThen()) || !Flow.reachableFrom(If->getCond(), At))
       continue;
     Reads R;
     R.TraverseStmt(const_cast<Expr *>(If->getCond()));
@@ -1061,24 +1187,74 @@ bool creditGated(const TuAnalysis &A, const PostSite &P) {
       for (const Def &D : Flow.defs()) {
         if (Flow.resolve(D.Target) != C)
           continue;
-        // Taken after the post, or reserved between the test and the post
-        // (`if (sq_free < 3) return -EAGAIN; sq_free -= 3; ...; post`).
-        bool After = Flow.reachableFrom(P.Call->Call, D.S);
+        bool After = Flow.reachableFrom(At, D.S);
         if (!After && !(Flow.reachableFrom(If->getCond(), D.S) &&
-                        Flow.reachableFrom(D.S, P.Call->Call)))
+                        Flow.reachableFrom(D.S, At)))
           continue;
-        std::optional<int64_t> Amount;
-        if (D.K == Def::Increment)
-          Amount = 1;
-        else if (D.K == Def::Compound &&
-                 (D.Op == BO_SubAssign || D.Op == BO_AddAssign))
-          Amount = A.values(P.Fn).constant(D.Value);
-        if (Amount && *Amount >= static_cast<int64_t>(Needed))
+        if (Enough(creditAmount(A, D, Fn, nullptr, nullptr)))
           return true;
       }
+      // The helper takes them after its post: the same counter field.
+      if (!Callee || !C.lastField())
+        continue;
+      // The caller says how many it built (`post(iface, desc, 2)`).
+      for (const Def &D : A.flow(Callee).defs())
+        if (D.Target.lastField() == C.lastField())
+          if (std::optional<int64_t> N = creditAmount(A, D, Callee, Site, Fn);
+              N && *N > 0)
+            return true;
     }
   }
   return false;
+}
+
+/// `while (atomic_dec_return(&ic->i_fastreg_wrs) <= 0) atomic_inc(...)`:
+/// a tested take of credits (credit_take_calls in rules/) before \p At.
+bool takesCredits(const TuAnalysis &A, const FunctionDecl *Fn, const Stmt *At,
+                  unsigned Needed) {
+  const FunctionFlow &Flow = A.flow(Fn);
+  struct Takes : RecursiveASTVisitor<Takes> {
+    explicit Takes(const TuAnalysis &A) : A(A) {}
+    bool VisitCallExpr(CallExpr *CE) {
+      const FunctionDecl *F = CE->getDirectCallee();
+      if (!F || !F->getIdentifier())
+        return true;
+      if (std::optional<std::optional<unsigned>> Arg =
+              A.rules().creditTake(F->getName()))
+        Found.push_back({CE, *Arg});
+      return true;
+    }
+    const TuAnalysis &A;
+    std::vector<std::pair<const CallExpr *, std::optional<unsigned>>> Found;
+  } T(A);
+  T.TraverseStmt(Fn->getBody());
+  for (const auto &[Call, Arg] : T.Found) {
+    if (!tested(Flow, Call) || !Flow.reachableFrom(Call, At))
+      continue;
+    std::optional<int64_t> Amount = 1;
+    if (Arg)
+      Amount = *Arg < Call->getNumArgs()
+                   ? A.values(Fn).constant(Call->getArg(*Arg))
+                   : std::nullopt;
+    if (Amount && *Amount >= static_cast<int64_t>(Needed))
+      return true;
+  }
+  return false;
+}
+
+/// Posts held back until the ULP's count of free send-queue entries allows
+/// them: the posting function tests or takes the credits, or every caller
+/// tests them and the posting helper takes them (UCX's UCT_RC_CHECK_RES).
+bool creditGated(const TuAnalysis &A, const PostSite &P) {
+  unsigned Needed = P.entries();
+  const Stmt *At = P.Call->Call;
+  if (testsCredits(A, P.Fn, At, Needed) || takesCredits(A, P.Fn, At, Needed))
+    return true;
+  auto Callers = A.callersOf(P.Fn);
+  return !Callers.empty() && llvm::all_of(Callers, [&](const auto &C) {
+    return testsCredits(A, C.second, C.first, Needed, P.Fn) ||
+           takesCredits(A, C.second, C.first, Needed);
+  });
 }
 
 /// A REG_MR, BIND_MW or LOCAL_INV of a handle that lives in the struct
@@ -1397,14 +1573,28 @@ WorkRequests::requestCost(llvm::ArrayRef<const PostSite *> On) const {
     }
     return true;
   };
+  // The message is the longest chain that moves data; registrations
+  // alone are counted below with the rest.
+  auto Moves = [](const PostSite &P) {
+    return llvm::any_of(P.Chain, [](const WrSlot &S) { return !S.isRegistration(); });
+  };
   const PostSite *Longest = nullptr;
   for (const PostSite *P : On)
-    if (Counted(*P) && (!Longest || P->entries() * P->Repeat >
-                                        Longest->entries() * Longest->Repeat))
+    if (Counted(*P) &&
+        (!Longest || std::make_pair(Moves(*P), P->entries() * P->Repeat) >
+                         std::make_pair(Moves(*Longest),
+                                        Longest->entries() * Longest->Repeat)))
       Longest = P;
   std::set<WrKey> Seen;
+  std::set<std::pair<Opcode, SlotKey>> Registered;
   auto Add = [&](const WrSlot &S, unsigned Repeat) {
     if (!Seen.insert(S.Key).second)
+      return;
+    // The resend path binds the same window again: one registration.
+    SlotKey H = S.isRegistration() && !S.Ops.empty()
+                    ? wrmodel::registeredHandle(A, S)
+                    : SlotKey();
+    if (H.isShared() && !Registered.insert({S.Ops.front(), H}).second)
       return;
     Cost.Slots.push_back({&S, S.Count * Repeat});
     Cost.Total += S.Count * Repeat;

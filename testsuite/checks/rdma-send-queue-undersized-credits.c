@@ -6,7 +6,7 @@
 // A replication stream: each record is an array of work requests linked to
 // each other (the value WRITE, the log WRITE and the commit SEND), posted
 // at once; the queue is sized one entry per record slot, CR_SLOTS named by
-// a constant. Ungated (SMALL) that is three entries per record against one.
+// a constant (and a table of CR_SLOTS records). Ungated (SMALL) that is three entries per record against one.
 // The other run counts the free send-queue entries in work requests before
 // every post, as ULPs with an sq_free counter do: the queue never holds more
 // than it has, whatever one record costs. The third run reserves the
@@ -34,6 +34,9 @@ struct cr_record {
   struct ibv_sge sge[3];
   struct ibv_send_wr wr[3];
 };
+
+/* One record per send-queue slot. */
+static struct cr_record cr_records[CR_SLOTS];
 
 int cr_create(struct cr_conn *c)
 {
