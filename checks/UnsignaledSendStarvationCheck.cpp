@@ -116,6 +116,7 @@ struct CounterWrite {
   Location Target;
   const FunctionDecl *Fn;
   unsigned Moves;
+  const Expr *At = nullptr; // the storage as written
 };
 
 /// One read of an integer a signaling test depends on, with the way the
@@ -212,7 +213,7 @@ private:
   }
   void add(const Expr *Target, unsigned Moves) {
     if (auto L = locationOf(Target))
-      Writes.push_back({*L, Current, Moves});
+      Writes.push_back({*L, Current, Moves, Target});
   }
   const TuAnalysis &A;
   const FunctionDecl *Current = nullptr;
@@ -388,21 +389,57 @@ void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
   llvm::DenseSet<const Expr *> Judged;
   for (const PostSite &P : W.posts())
     for (const WrSlot &S : P.Chain) {
-      if (S.Signal != WrSlot::Sometimes || (!S.Flags && !S.FlagsArg))
+      if (S.Signal != WrSlot::Sometimes)
         continue;
-      FlagSet V;
+      // Each function that posts a shared WR (`conn->ctrl_wr` from the
+      // notify and the keepalive paths) decides its signaling itself.
+      std::vector<FlagSet> Decisions;
+      for (const FieldStore *F : slotStores(A, S, FieldRole::SendFlags))
+        if (F->Fn == P.Fn && F != S.Flags)
+          Decisions.push_back(A.values(F->Fn).flagsAfter(
+              A.flow(F->Fn).resolve(F->Target), F->At));
       if (const FieldStore *F = S.Flags)
-        V = A.values(F->Fn).flagsAfter(A.flow(F->Fn).resolve(F->Target), F->At);
-      else
-        V = A.values(P.Fn).flags(S.FlagsArg);
-      for (const FlagAlt &Alt : V.Alts) {
-        if (!(Alt.Known & Bit))
-          continue;
-        auto [Cond, Fn] = signalCondition(A, Alt.Origin);
-        if (Cond && Judged.insert(Cond).second)
-          judgeCondition(A, Fn, Cond, Writes.Writes);
-      }
+        Decisions.push_back(
+            A.values(F->Fn).flagsAfter(A.flow(F->Fn).resolve(F->Target), F->At));
+      else if (S.FlagsArg)
+        Decisions.push_back(A.values(P.Fn).flags(S.FlagsArg));
+      // Only `|=` and `&= ~` decide: the flags as the post finds them.
+      for (const auto &[Name, Fn] : S.Names)
+        if (Fn == P.Fn)
+          if (std::optional<Location> L = A.member(Name, FieldRole::SendFlags))
+            Decisions.push_back(A.values(P.Fn).flagsAt(
+                A.flow(P.Fn).resolve(*L), P.Call->Call));
+      for (const FlagSet &V : Decisions)
+        for (const FlagAlt &Alt : V.Alts) {
+
+          if (!(Alt.Known & Bit))
+            continue;
+          auto [Cond, Fn] = signalCondition(A, Alt.Origin);
+          if (Cond && Judged.insert(Cond).second)
+            judgeCondition(A, Fn, Cond, Writes.Writes);
+        }
     }
+}
+
+/// `if (!ep->send_count) { signal; ep->send_count = ep->send_batch; }`: the
+/// branch the test guards reloads what it tests from a limit, so the test
+/// is a countdown, not a dispatch on a value copied from elsewhere.
+static bool reloadedCountdown(const TuAnalysis &A, const FunctionDecl *Fn,
+                              const Expr *Cond, const TestSplitter::Test &T,
+                              llvm::ArrayRef<CounterWrite> Writes) {
+  const auto *If = dyn_cast_or_null<IfStmt>(A.flow(Fn).parents().getParent(Cond));
+  if (!If || If->getCond() != Cond || T.Reads.size() != 1)
+    return false;
+  const SourceManager &SM = A.sources();
+  auto Inside = [&](const Stmt *Branch, const Expr *E) {
+    return Branch && SM.isPointWithin(E->getBeginLoc(), Branch->getBeginLoc(),
+                                      Branch->getEndLoc());
+  };
+  return llvm::any_of(Writes, [&](const CounterWrite &W) {
+    return W.Fn == Fn && (W.Moves & (MovesCopied | MovesSet)) && W.At &&
+           (Inside(If->getThen(), W.At) || Inside(If->getElse(), W.At)) &&
+           A.sameStorage(W.Target, W.Fn, T.Reads.front().L, Fn);
+  });
 }
 
 void UnsignaledSendStarvationCheck::judgeCondition(
@@ -414,7 +451,8 @@ void UnsignaledSendStarvationCheck::judgeCondition(
   // local it is, if any; null when the test may hold.
   auto StuckIn = [&](const TestSplitter::Test &T)
       -> std::pair<const CounterRead *, const VarDecl *> {
-    if (!T.Compares || T.Reads.empty())
+    bool Reloaded = reloadedCountdown(A, Fn, Cond, T, Writes);
+    if (T.Reads.empty() || (!T.Compares && !Reloaded))
       return {nullptr, nullptr};
     // One read that moves the way the test needs (`wr_cnt++ % interval`)
     // is a working counter; the others are limits.
@@ -460,7 +498,7 @@ void UnsignaledSendStarvationCheck::judgeCondition(
     bool Written = llvm::any_of(Writes, [&](const CounterWrite &W) {
       return W.Moves != MovesCopied && Same(W);
     });
-    if (!T.Counts && !Restarting && !Written)
+    if (!T.Counts && !Restarting && !Written && !Reloaded)
       return {nullptr, nullptr};
     return {Stuck, Restarting};
   };
