@@ -583,6 +583,38 @@ private:
     return Where && objectLoop(Helper, Where, I.Slot) != nullptr;
   }
 
+  /// Does the helper's loop take \p I's object from a table of the
+  /// connection or a global (`s = &c->pool.slots[i]`: a reaper's own
+  /// requests), rather than from the parts of the object it was handed
+  /// (`desc = task->rdma_reg[dir].desc`)?
+  bool picksFromConnection(const FunctionDecl *Helper, const LifeIncident &I) {
+    const Stmt *Where = I.Anchor && I.AnchorFn == Helper ? I.Anchor
+                        : I.At && I.At->Fn == Helper     ? I.At->S
+                                                         : nullptr;
+    const Stmt *Loop = Where ? objectLoop(Helper, Where, I.Slot) : nullptr;
+    if (!Loop)
+      return false;
+    std::function<bool(const Expr *)> Owned = [&](const Expr *E) {
+      E = stripExpr(E);
+      if (const auto *UO = dyn_cast<UnaryOperator>(E))
+        return Owned(UO->getSubExpr());
+      if (const auto *AS = dyn_cast<ArraySubscriptExpr>(E))
+        return Owned(AS->getBase());
+      if (const auto *ME = dyn_cast<MemberExpr>(E)) {
+        const auto *FD = dyn_cast<FieldDecl>(ME->getMemberDecl());
+        return (FD && A.holdsConnection(FD->getParent())) || Owned(ME->getBase());
+      }
+      const auto *DRE = dyn_cast<DeclRefExpr>(E);
+      const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+      return VD && VD->hasGlobalStorage();
+    };
+    return llvm::any_of(A.flow(Helper).defs(), [&](const Def &D) {
+      return D.K == Def::Assign && D.Value && D.S && within(Loop, D.S) &&
+             D.Target.Steps.empty() && isa_and_nonnull<VarDecl>(D.Target.Root) &&
+             (readsWrId(D.Value) || Owned(D.Value));
+    });
+  }
+
   /// Does the incident depend on the state its function was entered in?
   static bool fromEntry(const LifeIncident &I) {
     if (I.OwnFailure)
@@ -1356,7 +1388,11 @@ private:
       // A timeout or reaper loop in the helper picks its own objects
       // (`for (..) { s = &pool->slots[i]; if (expired) put(s); }`): the
       // state it found them in is theirs, not this caller's.
-      if (fromEntry(I) && !HelpersOwn && !picksOwnObject(E.Callee, I)) {
+      // Unless this path posted or saw something for the object itself
+      // (`isx_task_release(task)` right after the task's LOCAL_INV).
+      if (fromEntry(I) && !HelpersOwn &&
+          (!picksOwnObject(E.Callee, I) ||
+           (S.L != Life::Unknown && !picksFromConnection(E.Callee, I)))) {
         J.Anchor = CE;
         J.AnchorFn = W.Fn;
         J.OwnFailure = failedHere(W, S);
