@@ -274,6 +274,26 @@ bool comparesParameterKey(const TuAnalysis &A, const KeyTracker &Keys,
   return F.Found;
 }
 
+/// `if (wc->wc_flags & IBV_WC_WITH_INV) return -EPROTO;`: the branch
+/// taken for an invalidating completion only logs and returns an error
+/// code; it refuses the invalidation rather than accepting it.
+bool rejects(const TuAnalysis &A, const FunctionDecl *Fn, const Stmt *Branch) {
+  const auto *Ret = dyn_cast_or_null<ReturnStmt>(lastStatement(Branch));
+  std::optional<int64_t> V =
+      Ret && Ret->getRetValue() ? A.values(Fn).constant(Ret->getRetValue())
+                                : std::nullopt;
+  if (!V || *V >= 0)
+    return false;
+  const auto *CS = dyn_cast<CompoundStmt>(Branch);
+  if (!CS)
+    return true;
+  return llvm::all_of(CS->body(), [&](const Stmt *S) {
+    const auto *CE = dyn_cast<CallExpr>(S);
+    const FunctionDecl *F = CE ? CE->getDirectCallee() : nullptr;
+    return S == Ret || (F && F->isVariadic()); // logging
+  });
+}
+
 } // namespace
 
 std::vector<Lifecycle::RemoteInvalidation>
@@ -294,7 +314,7 @@ findRemoteInvalidations(const TuAnalysis &A, const CompletionFields &CF,
     const Stmt *Branch = Polarity > 0 ? If->getThen()
                          : Polarity < 0 ? If->getElse()
                                         : nullptr;
-    if (!Branch)
+    if (!Branch || rejects(A, Fn, Branch))
       continue;
     // `(flags & WITH_INV) && wc->invalidated_rkey == req->key` compares in
     // the condition itself.

@@ -4,6 +4,8 @@
 // "with invalidate", without checking which key was invalidated.
 
 #include <infiniband/verbs.h>
+#include <errno.h>
+#include <stdio.h>
 
 struct ulp_req {
   struct ibv_mr *mr;
@@ -74,4 +76,29 @@ void ulp_response_logged(struct ulp_req *req, struct ibv_wc *wc)
     return;
   }
   ulp_local_inv(req);
+}
+
+/* Nothing is granted before the handshake: an invalidating HELLO is
+   refused with an error, not accepted. */
+int ulp_handle_hello(struct ulp_req *req, struct ibv_wc *wc)
+{
+  if (wc->wc_flags & IBV_WC_WITH_INV) {
+    fprintf(stderr, "hello with invalidate from the peer\n");
+    return -EPROTO;
+  }
+  ulp_local_inv(req);
+  return 0;
+}
+
+/* Refusing it after releasing the MR is accepting it. */
+int ulp_handle_hello_late(struct ulp_req *req, struct ibv_wc *wc)
+{
+  if (wc->wc_flags & IBV_WC_WITH_INV) {
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: completion with IBV_WC_WITH_INV is accepted without comparing the invalidated rkey (wc->invalidated_rkey) with the request's
+    ibv_dereg_mr(req->mr);
+    req->mr = NULL;
+    return -EPROTO;
+  }
+  ulp_local_inv(req);
+  return 0;
 }
