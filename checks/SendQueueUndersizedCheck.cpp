@@ -163,6 +163,8 @@ void SendQueueUndersizedCheck::checkUnit(const TuAnalysis &A) {
     SourceLocation At = Store->second->Spelling->getBeginLoc();
     if (Cost.Total && checkLocal(A, W, Q, *Size, *Cap, Cost, At))
       continue;
+    if (Cost.Gated && !Cost.Total)
+      continue; // this unit's posts keep within the queue themselves
     checkProgram(A, W, Q, *Size, *Cap);
   }
 }

@@ -1242,6 +1242,64 @@ bool takesCredits(const TuAnalysis &A, const FunctionDecl *Fn, const Stmt *At,
   return false;
 }
 
+/// `while (scnt - ccnt + post_list <= user_param->tx_depth) post(..)`: the
+/// post (or the call of its helper) runs only under a comparison with the
+/// capacity the QP was created with (perftest): the ULP keeps what is in
+/// flight within the queue itself.
+bool gatedByCapacity(const TuAnalysis &A, const PostSite &P, const QpCreation &Q) {
+  auto Store = Q.Caps.find(FieldRole::MaxSendWr);
+  if (Store == Q.Caps.end() || !Store->second->Value)
+    return false;
+  struct Fields : RecursiveASTVisitor<Fields> {
+    std::set<const ValueDecl *> Read;
+    bool Compared = false;
+    bool VisitMemberExpr(MemberExpr *ME) {
+      Read.insert(ME->getMemberDecl());
+      return true;
+    }
+  } Capacity;
+  Capacity.TraverseStmt(const_cast<Expr *>(Store->second->Value));
+  if (Capacity.Read.empty())
+    return false;
+  struct Comparisons : RecursiveASTVisitor<Comparisons> {
+    const std::set<const ValueDecl *> &Cap;
+    bool Found = false;
+    explicit Comparisons(const std::set<const ValueDecl *> &Cap) : Cap(Cap) {}
+    bool VisitBinaryOperator(BinaryOperator *BO) {
+      if (!BO->isRelationalOp())
+        return true;
+      Fields Sides;
+      Sides.TraverseStmt(BO);
+      Found |= llvm::any_of(Sides.Read, [&](const ValueDecl *D) { return Cap.count(D); });
+      return !Found;
+    }
+  };
+  auto Guarded = [&](const FunctionDecl *Fn, const Stmt *S) {
+    const ParentMap &PM = A.flow(Fn).parents();
+    for (const Stmt *P = PM.getParent(S), *Child = S; P; Child = P, P = PM.getParent(P)) {
+      const Expr *Cond = nullptr;
+      if (const auto *W = dyn_cast<WhileStmt>(P))
+        Cond = W->getBody() == Child ? W->getCond() : nullptr;
+      else if (const auto *F = dyn_cast<ForStmt>(P))
+        Cond = F->getBody() == Child ? F->getCond() : nullptr;
+      else if (const auto *If = dyn_cast<IfStmt>(P))
+        Cond = If->getThen() == Child ? If->getCond() : nullptr;
+      Comparisons C(Capacity.Read);
+      if (Cond)
+        C.TraverseStmt(const_cast<Expr *>(Cond));
+      if (C.Found)
+        return true;
+    }
+    return false;
+  };
+  if (Guarded(P.Fn, P.Call->Call))
+    return true;
+  auto Callers = A.callersOf(P.Fn);
+  return !Callers.empty() && llvm::all_of(Callers, [&](const auto &C) {
+    return Guarded(C.second, C.first);
+  });
+}
+
 /// Posts held back until the ULP's count of free send-queue entries allows
 /// them: the posting function tests or takes the credits, or every caller
 /// tests them and the posting helper takes them (UCX's UCT_RC_CHECK_RES).
@@ -1556,7 +1614,14 @@ std::vector<const PostSite *> WorkRequests::postsOn(const QpCreation &Q) const {
 }
 
 RequestCost WorkRequests::requestCost(const QpCreation &Q) const {
-  return requestCost(postsOn(Q));
+  std::vector<const PostSite *> On = postsOn(Q);
+  RequestCost Gated;
+  llvm::erase_if(On, [&](const PostSite *P) {
+    return wrmodel::gatedByCapacity(A, *P, Q) && (Gated.Gated = true);
+  });
+  RequestCost Cost = requestCost(On);
+  Cost.Gated |= Gated.Gated;
+  return Cost;
 }
 
 RequestCost
