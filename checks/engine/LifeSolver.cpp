@@ -2484,7 +2484,11 @@ private:
     bool PostFailed = postFailed(W, RS, S);
     if (!PostFailed && S.Produced && S.Produced->By == Effect::MrPoolGet)
       return true;
-    auto Key = std::make_tuple(W.Fn, W.Slot, PostFailed);
+    // A registration that replaced the slot's previous one (`dereg(c->mr);
+    // c->mr = reg(..)`: a buffer that grows) found the struct set up; the
+    // teardown that releases the slot owns it as it did the old one.
+    bool Replaced = S.Produced && replacesHeld(*S.Produced);
+    auto Key = std::make_tuple(W.Fn, W.Slot, PostFailed || Replaced);
     auto It = Unwinds.find(Key);
     if (It != Unwinds.end())
       return It->second;
@@ -2498,10 +2502,25 @@ private:
         Own = true;
       else if (onCompletionPath(E.Fn))
         Completion = true;
-      else if (PostFailed || toleratesPartialSetup(E.Fn))
+      else if (PostFailed || Replaced || toleratesPartialSetup(E.Fn))
         Cleanup = true;
     }
+    if (Replaced && !PostFailed)
+      return Unwinds[Key] = !Cleanup;
     return Unwinds[Key] = PostFailed ? Completion && !Cleanup : Own || !Cleanup;
+  }
+
+  /// Does the function that produced \p P release the same slot before it
+  /// (in source order), replacing a handle the struct already held?
+  bool replacesHeld(const LifeEvent &P) {
+    if (P.K != LifeEventKind::Produce || !P.S || !P.Slot.isShared())
+      return false;
+    return llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+      return (E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release) &&
+             E.Fn == P.Fn && E.Slot == P.Slot && E.S &&
+             A.sources().isBeforeInTranslationUnit(E.S->getBeginLoc(),
+                                                   P.S->getBeginLoc());
+    });
   }
 
   /// Does the error branch hand a struct to a function of another unit
