@@ -393,14 +393,15 @@ void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
         continue;
       // Each function that posts a shared WR (`conn->ctrl_wr` from the
       // notify and the keepalive paths) decides its signaling itself.
+      auto Stored = [&](const FieldStore *F) {
+        return A.values(F->Fn).flagsAfter(A.flow(F->Fn).resolve(F->Target), F->At);
+      };
       std::vector<FlagSet> Decisions;
       for (const FieldStore *F : slotStores(A, S, FieldRole::SendFlags))
         if (F->Fn == P.Fn && F != S.Flags)
-          Decisions.push_back(A.values(F->Fn).flagsAfter(
-              A.flow(F->Fn).resolve(F->Target), F->At));
-      if (const FieldStore *F = S.Flags)
-        Decisions.push_back(
-            A.values(F->Fn).flagsAfter(A.flow(F->Fn).resolve(F->Target), F->At));
+          Decisions.push_back(Stored(F));
+      if (S.Flags)
+        Decisions.push_back(Stored(S.Flags));
       else if (S.FlagsArg)
         Decisions.push_back(A.values(P.Fn).flags(S.FlagsArg));
       // Only `|=` and `&= ~` decide: the flags as the post finds them.
@@ -411,7 +412,6 @@ void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
                 A.flow(P.Fn).resolve(*L), P.Call->Call));
       for (const FlagSet &V : Decisions)
         for (const FlagAlt &Alt : V.Alts) {
-
           if (!(Alt.Known & Bit))
             continue;
           auto [Cond, Fn] = signalCondition(A, Alt.Origin);
@@ -427,13 +427,12 @@ void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
 static bool reloadedCountdown(const TuAnalysis &A, const FunctionDecl *Fn,
                               const Expr *Cond, const TestSplitter::Test &T,
                               llvm::ArrayRef<CounterWrite> Writes) {
-  const auto *If = dyn_cast_or_null<IfStmt>(A.flow(Fn).parents().getParent(Cond));
+  const ParentMap &PM = A.flow(Fn).parents();
+  const auto *If = dyn_cast_or_null<IfStmt>(PM.getParent(Cond));
   if (!If || If->getCond() != Cond || T.Reads.size() != 1)
     return false;
-  const SourceManager &SM = A.sources();
   auto Inside = [&](const Stmt *Branch, const Expr *E) {
-    return Branch && SM.isPointWithin(E->getBeginLoc(), Branch->getBeginLoc(),
-                                      Branch->getEndLoc());
+    return Branch && isInside(PM, E, Branch);
   };
   return llvm::any_of(Writes, [&](const CounterWrite &W) {
     return W.Fn == Fn && (W.Moves & (MovesCopied | MovesSet)) && W.At &&

@@ -387,6 +387,22 @@ bool TuAnalysis::holdsConnection(const RecordDecl *RD) const {
          });
 }
 
+bool TuAnalysis::ownedByConnection(const Expr *E) const {
+  E = stripExpr(E);
+  if (const auto *UO = dyn_cast<UnaryOperator>(E))
+    return ownedByConnection(UO->getSubExpr());
+  if (const auto *AS = dyn_cast<ArraySubscriptExpr>(E))
+    return ownedByConnection(AS->getBase());
+  if (const auto *ME = dyn_cast<MemberExpr>(E)) {
+    const auto *FD = dyn_cast<FieldDecl>(ME->getMemberDecl());
+    return (FD && holdsConnection(FD->getParent())) ||
+           ownedByConnection(ME->getBase());
+  }
+  const auto *DRE = dyn_cast<DeclRefExpr>(E);
+  const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+  return VD && VD->hasGlobalStorage();
+}
+
 static const FieldDecl *fieldNamed(QualType T, StringRef Name) {
   const RecordType *RT = objectType(T)->getAs<RecordType>();
   if (!RT || !RT->getDecl()->getDefinition())

@@ -108,6 +108,10 @@ public:
   bool isConnectionPointer(clang::QualType T) const;
   /// A struct that holds such a pointer: a connection, device or server.
   bool holdsConnection(const clang::RecordDecl *RD) const;
+  /// Storage reached through a field of such a struct, or a global
+  /// (`&c->pool.slots[i]`, `g_store.leases`): kept by the connection, not
+  /// by one request.
+  bool ownedByConnection(const clang::Expr *E) const;
   /// Role of a member access chain, with the object that owns the field.
   /// `req->reg_wr.wr.opcode` -> (ib_send_wr model, "opcode", req.reg_wr.wr).
   std::optional<FieldStore> classifyMember(const clang::Expr *LValue) const;

@@ -96,6 +96,25 @@ const Expr *stripExpr(const Expr *E) {
   return E;
 }
 
+const Expr *conditionOf(const Stmt *S) {
+  if (const auto *I = dyn_cast<IfStmt>(S))
+    return I->getCond();
+  if (const auto *F = dyn_cast<ForStmt>(S))
+    return F->getCond();
+  if (const auto *W = dyn_cast<WhileStmt>(S))
+    return W->getCond();
+  if (const auto *D = dyn_cast<DoStmt>(S))
+    return D->getCond();
+  return nullptr;
+}
+
+bool isInside(const ParentMap &PM, const Stmt *S, const Stmt *Outer) {
+  for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
+    if (P == Outer)
+      return true;
+  return false;
+}
+
 const Stmt *enclosingLoop(const ParentMap &PM, const Stmt *S) {
   for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
     if (isa<ForStmt>(P) || isa<WhileStmt>(P) || isa<DoStmt>(P))

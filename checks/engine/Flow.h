@@ -72,6 +72,11 @@ const clang::Expr *stripExpr(const clang::Expr *E);
 const clang::Stmt *lastStatement(const clang::Stmt *S);
 /// The values \p Fn's return statements give back, in body order.
 llvm::SmallVector<const clang::Expr *, 4> returnValues(const clang::FunctionDecl *Fn);
+/// The condition an if, for, while or do statement tests, or null.
+const clang::Expr *conditionOf(const clang::Stmt *S);
+/// Is \p S inside \p Outer (a descendant in \p PM)?
+bool isInside(const clang::ParentMap &PM, const clang::Stmt *S,
+              const clang::Stmt *Outer);
 /// The innermost for, while or do loop around \p S (null outside loops).
 const clang::Stmt *enclosingLoop(const clang::ParentMap &PM, const clang::Stmt *S);
 

@@ -476,18 +476,12 @@ bool Inventory::outsideIoLoop(const FunctionDecl *Fn, const Stmt *S) const {
     return true;
   // Or it has an I/O loop that both posts and reaps completions; what it
   // does once outside it (reading a header first) is part of the session.
-  auto Inside = [&](const Stmt *S, const Stmt *Loop) {
-    for (const Stmt *P = PM.getParent(S); P; P = PM.getParent(P))
-      if (P == Loop)
-        return true;
-    return false;
-  };
   for (const ApiCall &Poll : A.calls()) {
     const Stmt *Loop = Poll.Caller == Fn && Poll.Model->E == Effect::CqPoll
                            ? enclosingLoop(PM, Poll.Call)
                            : nullptr;
     if (Loop && llvm::any_of(Io, [&](const CallExpr *Post) {
-          return Post != Poll.Call && Inside(Post, Loop);
+          return Post != Poll.Call && isInside(PM, Post, Loop);
         }))
       return true;
   }

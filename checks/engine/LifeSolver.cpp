@@ -575,12 +575,17 @@ private:
            O.Anchor == I.Anchor;
   }
 
-  /// Is \p I about an object \p Helper's own loop points at?
-  bool picksOwnObject(const FunctionDecl *Helper, const LifeIncident &I) {
+  /// The loop of \p Helper that points at \p I's object, if any.
+  const Stmt *ownLoop(const FunctionDecl *Helper, const LifeIncident &I) {
     const Stmt *Where = I.Anchor && I.AnchorFn == Helper ? I.Anchor
                         : I.At && I.At->Fn == Helper     ? I.At->S
                                                          : nullptr;
-    return Where && objectLoop(Helper, Where, I.Slot) != nullptr;
+    return Where ? objectLoop(Helper, Where, I.Slot) : nullptr;
+  }
+
+  /// Is \p I about an object \p Helper's own loop points at?
+  bool picksOwnObject(const FunctionDecl *Helper, const LifeIncident &I) {
+    return ownLoop(Helper, I) != nullptr;
   }
 
   /// Does the helper's loop take \p I's object from a table of the
@@ -588,31 +593,13 @@ private:
   /// requests), rather than from the parts of the object it was handed
   /// (`desc = task->rdma_reg[dir].desc`)?
   bool picksFromConnection(const FunctionDecl *Helper, const LifeIncident &I) {
-    const Stmt *Where = I.Anchor && I.AnchorFn == Helper ? I.Anchor
-                        : I.At && I.At->Fn == Helper     ? I.At->S
-                                                         : nullptr;
-    const Stmt *Loop = Where ? objectLoop(Helper, Where, I.Slot) : nullptr;
-    if (!Loop)
-      return false;
-    std::function<bool(const Expr *)> Owned = [&](const Expr *E) {
-      E = stripExpr(E);
-      if (const auto *UO = dyn_cast<UnaryOperator>(E))
-        return Owned(UO->getSubExpr());
-      if (const auto *AS = dyn_cast<ArraySubscriptExpr>(E))
-        return Owned(AS->getBase());
-      if (const auto *ME = dyn_cast<MemberExpr>(E)) {
-        const auto *FD = dyn_cast<FieldDecl>(ME->getMemberDecl());
-        return (FD && A.holdsConnection(FD->getParent())) || Owned(ME->getBase());
-      }
-      const auto *DRE = dyn_cast<DeclRefExpr>(E);
-      const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
-      return VD && VD->hasGlobalStorage();
-    };
-    return llvm::any_of(A.flow(Helper).defs(), [&](const Def &D) {
-      return D.K == Def::Assign && D.Value && D.S && within(Loop, D.S) &&
-             D.Target.Steps.empty() && isa_and_nonnull<VarDecl>(D.Target.Root) &&
-             (readsWrId(D.Value) || Owned(D.Value));
-    });
+    const Stmt *Loop = ownLoop(Helper, I);
+    return Loop && llvm::any_of(A.flow(Helper).defs(), [&](const Def &D) {
+             return D.K == Def::Assign && D.Value && D.S && within(Loop, D.S) &&
+                    D.Target.Steps.empty() &&
+                    isa_and_nonnull<VarDecl>(D.Target.Root) &&
+                    (readsWrId(D.Value) || A.ownedByConnection(D.Value));
+           });
   }
 
   /// Does the incident depend on the state its function was entered in?
@@ -1475,19 +1462,6 @@ private:
   static bool isConditionOf(const Stmt *P, const Expr *E) {
     const Expr *Cond = conditionOf(P);
     return Cond && Cond->IgnoreParenImpCasts() == E;
-  }
-
-  /// The condition an if, for, while or do statement tests, or null.
-  static const Expr *conditionOf(const Stmt *S) {
-    if (const auto *I = dyn_cast<IfStmt>(S))
-      return I->getCond();
-    if (const auto *F = dyn_cast<ForStmt>(S))
-      return F->getCond();
-    if (const auto *W = dyn_cast<WhileStmt>(S))
-      return W->getCond();
-    if (const auto *D = dyn_cast<DoStmt>(S))
-      return D->getCond();
-    return nullptr;
   }
 
   /// The loop \p Term (an `&&` or `||` of its condition) jumps out of

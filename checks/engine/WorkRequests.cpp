@@ -197,7 +197,7 @@ private:
         const auto *I = dyn_cast<DeclRefExpr>(stripExpr(AS->getIdx()));
         if (!I || !Index.Found.count(dyn_cast<VarDecl>(I->getDecl())))
           return true;
-        Found |= ulpObject(AS->getType()) && ownedByConnection(AS->getBase());
+        Found |= ulpObject(AS->getType()) && A.ownedByConnection(AS->getBase());
         return !Found;
       }
       /// A struct of the ULP (not a verbs struct), or a pointer to one.
@@ -207,18 +207,6 @@ private:
         const RecordDecl *RD = T->getAsRecordDecl();
         return RD && !A.structOf(T) && !A.isConnectionPointer(
                                            A.context().getPointerType(T));
-      }
-      bool ownedByConnection(const Expr *Base) const {
-        Base = stripExpr(Base);
-        if (const auto *ME = dyn_cast<MemberExpr>(Base)) {
-          const auto *FD = dyn_cast<FieldDecl>(ME->getMemberDecl());
-          if (FD && A.holdsConnection(FD->getParent()))
-            return true;
-          return ownedByConnection(ME->getBase());
-        }
-        const auto *DRE = dyn_cast<DeclRefExpr>(Base);
-        const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
-        return VD && VD->hasGlobalStorage();
       }
       const TuAnalysis &A;
       const Vars &Index;
@@ -1113,16 +1101,7 @@ bool tested(const FunctionFlow &Flow, const Expr *E) {
   const Stmt *Child = E;
   for (const Stmt *P = Flow.parents().getParent(E); P;
        Child = P, P = Flow.parents().getParent(P)) {
-    const Expr *Cond = nullptr;
-    if (const auto *If = dyn_cast<IfStmt>(P))
-      Cond = If->getCond();
-    else if (const auto *W = dyn_cast<WhileStmt>(P))
-      Cond = W->getCond();
-    else if (const auto *D = dyn_cast<DoStmt>(P))
-      Cond = D->getCond();
-    else if (const auto *F = dyn_cast<ForStmt>(P))
-      Cond = F->getCond();
-    if (Cond)
+    if (const Expr *Cond = conditionOf(P))
       return Child == Cond;
     if (!isa<Expr>(P))
       return false;
@@ -1252,7 +1231,6 @@ bool gatedByCapacity(const TuAnalysis &A, const PostSite &P, const QpCreation &Q
     return false;
   struct Fields : RecursiveASTVisitor<Fields> {
     std::set<const ValueDecl *> Read;
-    bool Compared = false;
     bool VisitMemberExpr(MemberExpr *ME) {
       Read.insert(ME->getMemberDecl());
       return true;
@@ -1615,12 +1593,12 @@ std::vector<const PostSite *> WorkRequests::postsOn(const QpCreation &Q) const {
 
 RequestCost WorkRequests::requestCost(const QpCreation &Q) const {
   std::vector<const PostSite *> On = postsOn(Q);
-  RequestCost Gated;
+  size_t Before = On.size();
   llvm::erase_if(On, [&](const PostSite *P) {
-    return wrmodel::gatedByCapacity(A, *P, Q) && (Gated.Gated = true);
+    return wrmodel::gatedByCapacity(A, *P, Q);
   });
   RequestCost Cost = requestCost(On);
-  Cost.Gated |= Gated.Gated;
+  Cost.Gated |= On.size() != Before;
   return Cost;
 }
 
