@@ -771,6 +771,7 @@ private:
         for (PathState S : Out) {
           if (!edge(W, *B, ThisIndex, *SB, S))
             continue;
+          forgetDead(S);
           // Under pressure, forget the settings tested before: fewer
           // distinct states, at the price of paths a setting rules out.
           if (Target.size() >= budget::StatesPerBlock / 2)
@@ -789,6 +790,37 @@ private:
     Active.erase(Fn);
     flushReleases(W);
     return std::move(W.R);
+  }
+
+  /// Clears what can no longer matter on this path, so that states that
+  /// differ only there are one (the path budget): what a failed call would
+  /// have undone once it is known to have failed, a key staged for a handle
+  /// not live, and everything about a handle once nothing is held.
+  static void forgetDead(PathState &S) {
+    if (S.Outcome == 1) {
+      S.Undo = Life::None;
+      S.UndoExposed = nullptr;
+      S.UndoCarried = S.UndoWaited = false;
+    }
+    if (S.L != Life::Live)
+      S.Staged = nullptr;
+    if (S.L != Life::InvalPosted)
+      S.Waited = false; // see remember()
+    if (S.L != Life::None && S.L != Life::Released)
+      return;
+    if (S.Outcome == 1 || !S.Tag) {
+      S.WcFailed = false;
+      S.InvUnconfirmed = false;
+    }
+    S.Signaled = true;
+    S.Waited = false;
+    S.Produced = S.Exposed = S.Inval = nullptr;
+    S.Mismatch = S.HeldAt = nullptr;
+    S.Bound = nullptr;
+    S.ProducingLoop = S.IterLoop = nullptr;
+    S.Carried = false;
+    if (!S.FreedLive)
+      S.Reported = false;
   }
 
   /// Runs one state through a block; the states that leave it go to \p Out.
@@ -2466,14 +2498,16 @@ private:
     auto It = Unwinds.find(Key);
     if (It != Unwinds.end())
       return It->second;
-    bool Own = false, Cleanup = false, Completion = false;
+    bool Own = false, OwnDereg = false, Cleanup = false, Completion = false;
     for (const LifeEvent &E : LC.Events) {
       bool Releases = E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release ||
                       (E.K == LifeEventKind::ContainerRelease && !E.Recycle);
       if (!Releases || E.Slot != W.Slot)
         continue;
-      if (E.Fn == W.Fn)
+      if (E.Fn == W.Fn) {
         Own = true;
+        OwnDereg |= E.K == LifeEventKind::Deregister;
+      }
       else if (onCompletionPath(E.Fn))
         Completion = true;
       else if (PostFailed || Replaced || toleratesPartialSetup(E.Fn))
@@ -2481,7 +2515,12 @@ private:
     }
     if (Replaced && !PostFailed)
       return Unwinds[Key] = !Cleanup;
-    return Unwinds[Key] = PostFailed ? Completion && !Cleanup : Own || !Cleanup;
+    // A function that deregisters the handle on another of its paths owns
+    // it on this one too, whoever cleans up after a failed post.
+    if (PostFailed)
+      return Unwinds[Key] = (OwnDereg && !(S.Produced && S.Produced->By == Effect::MrPoolGet)) ||
+                            (Completion && !Cleanup);
+    return Unwinds[Key] = Own || !Cleanup;
   }
 
   /// Does the function that produced \p P release the same slot before it
