@@ -112,6 +112,47 @@ int invalidationTest(const TuAnalysis &A, const CompletionFields &CF,
   return 0;
 }
 
+/// The struct whose field holds the flags \p Cond tests, when it is not the
+/// completion itself (xprtrdma's `rep->rr_wc_flags`): a copy of the
+/// completion, whose other fields another unit may have filled from it.
+const RecordDecl *flagsRecord(const TuAnalysis &A, const Expr *Cond) {
+  const RecordDecl *Found = nullptr;
+  std::function<void(const Stmt *)> Visit = [&](const Stmt *S) {
+    if (!S || Found)
+      return;
+    if (const auto *BO = dyn_cast<BinaryOperator>(S); BO && BO->getOpcode() == BO_And)
+      for (const Expr *Side : {BO->getLHS(), BO->getRHS()})
+        if (const auto *ME = dyn_cast<MemberExpr>(stripExpr(Side))) {
+          QualType Base = ME->getBase()->getType();
+          if (Base->isPointerType())
+            Base = Base->getPointeeType();
+          const StructModel *M = A.structOf(Base);
+          if (!(M && M->Role == StructRole::Wc))
+            Found = Base->getAsRecordDecl();
+        }
+    for (const Stmt *C : S->children())
+      Visit(C);
+  };
+  Visit(Cond);
+  return Found;
+}
+
+/// `rep->rr_inv_rkey = wc->ex.invalidate_rkey;`: a branch that only copies
+/// the completion into a struct records the invalidation for whoever reads
+/// the struct; it accepts nothing itself.
+bool onlyRecords(const CompletionFields &CF, const FunctionDecl *Fn,
+                 const Stmt *Branch) {
+  auto Records = [&](const Stmt *S) {
+    const auto *BO = dyn_cast<BinaryOperator>(S);
+    return BO && BO->getOpcode() == BO_Assign &&
+           isa<MemberExpr>(BO->getLHS()->IgnoreParenImpCasts()) &&
+           CF.role(Fn, BO->getRHS()) == FieldRole::InvalidatedRkey;
+  };
+  if (const auto *CS = dyn_cast<CompoundStmt>(Branch))
+    return !CS->body_empty() && llvm::all_of(CS->body(), Records);
+  return Records(Branch);
+}
+
 /// Reads of the invalidated rkey inside \p Fn: the completion's field, a
 /// copy of it, or a helper's parameter that receives one.
 class InvalidatedKeyReads {
@@ -181,7 +222,8 @@ public:
     if (A.modelOf(CE))
       return true;
     bool Passes = llvm::any_of(CE->arguments(), [&](const Expr *Arg) {
-      return Reads.reads(Arg) || carriesCompletion(Arg) || carriesKeyCopy(Arg);
+      return Reads.reads(Arg) || carriesCompletion(Arg) || carriesKeyCopy(Arg) ||
+             recordField(Arg);
     });
     const FunctionDecl *Callee = CE->getDirectCallee();
     const FunctionDecl *Def = Callee ? Callee->getDefinition() : nullptr;
@@ -216,7 +258,20 @@ public:
     return true;
   }
 
+  /// The struct the tested flags were copied into (see flagsRecord()).
+  const RecordDecl *FlagsRecord = nullptr;
+
 private:
+  /// `rep->rr_inv_rkey` handed on: a 32-bit field of the struct that holds
+  /// the tested flags may be the invalidated key another unit copied there.
+  bool recordField(const Expr *E) {
+    const auto *ME = dyn_cast<MemberExpr>(stripExpr(E));
+    const auto *FD = ME ? dyn_cast<FieldDecl>(ME->getMemberDecl()) : nullptr;
+    return FlagsRecord && FD && FD->getType()->isIntegerType() &&
+           A.context().getTypeSize(FD->getType()) == 32 &&
+           FD->getParent()->getCanonicalDecl() == FlagsRecord->getCanonicalDecl();
+  }
+
   bool carriesCompletion(const Expr *E) {
     const StructModel *S = A.structOf(stripExpr(E)->getType());
     return S && S->Role == StructRole::Wc;
@@ -314,11 +369,12 @@ findRemoteInvalidations(const TuAnalysis &A, const CompletionFields &CF,
     const Stmt *Branch = Polarity > 0 ? If->getThen()
                          : Polarity < 0 ? If->getElse()
                                         : nullptr;
-    if (!Branch || rejects(A, Fn, Branch))
+    if (!Branch || rejects(A, Fn, Branch) || onlyRecords(CF, Fn, Branch))
       continue;
     // `(flags & WITH_INV) && wc->invalidated_rkey == req->key` compares in
     // the condition itself.
     InvalidatedKeyUses Uses(A, CF, Keys, Fn, Compares);
+    Uses.FlagsRecord = flagsRecord(A, If->getCond());
     Uses.TraverseStmt(const_cast<Expr *>(If->getCond()));
     Uses.TraverseStmt(const_cast<Stmt *>(Branch));
     Lifecycle::RemoteInvalidation R;
