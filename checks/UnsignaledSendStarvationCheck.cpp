@@ -117,6 +117,7 @@ struct CounterWrite {
   const FunctionDecl *Fn;
   unsigned Moves;
   const Expr *At = nullptr; // the storage as written
+  bool Constant = false;    // set to a constant: a reset or a reload
 };
 
 /// One read of an integer a signaling test depends on, with the way the
@@ -159,7 +160,8 @@ public:
       return true;
     }
     case BO_Assign:
-      add(BO->getLHS(), assigned(Rhs, BO->getLHS()));
+      add(BO->getLHS(), assigned(Rhs, BO->getLHS()),
+          A.values(Current).constant(Rhs).has_value());
       return true;
     default:
       add(BO->getLHS(), MovesEither);
@@ -175,7 +177,8 @@ public:
       case Effect::CounterAdd: add(Counter, MovesUp); break;
       case Effect::CounterSub: add(Counter, MovesDown); break;
       case Effect::CounterSet:
-        add(Counter, Value ? assigned(Value, nullptr) : MovesEither);
+        add(Counter, Value ? assigned(Value, nullptr) : MovesEither,
+            Value && A.values(Current).constant(Value).has_value());
         break;
       default: break;
       }
@@ -211,9 +214,9 @@ private:
           return MovesCopied;
     return MovesEither | MovesSet;
   }
-  void add(const Expr *Target, unsigned Moves) {
+  void add(const Expr *Target, unsigned Moves, bool Constant = false) {
     if (auto L = locationOf(Target))
-      Writes.push_back({*L, Current, Moves, Target});
+      Writes.push_back({*L, Current, Moves, Target, Constant});
   }
   const TuAnalysis &A;
   const FunctionDecl *Current = nullptr;
@@ -479,6 +482,16 @@ void UnsignaledSendStarvationCheck::judgeCondition(
       if (!Found && !Stuck)
         Stuck = &R;
     }
+    // A countdown reloaded where it signals, and otherwise only ever set
+    // to constants (loaded at setup, reloaded here): nothing counts it
+    // towards the value that signals.
+    auto OnlyConstants = [&](const CounterRead &R) {
+      return Reloaded && llvm::all_of(Writes, [&](const CounterWrite &W) {
+               return W.Constant || !A.sameStorage(W.Target, W.Fn, R.L, Fn);
+             });
+    };
+    if (!Stuck && T.Reads.size() == 1 && OnlyConstants(T.Reads.front()))
+      Stuck = &T.Reads.front();
     if (!Stuck || hasSideEffects(A, T.E, Restarting))
       return {nullptr, nullptr};
     // `since == p->cq_mod - 1`: a limit set from the configuration does not
@@ -490,7 +503,7 @@ void UnsignaledSendStarvationCheck::judgeCondition(
                      llvm::all_of(Writes, [&](const CounterWrite &W) {
                        return !Same(W) || W.Moves == MovesNot;
                      });
-    if (Moves && !Restarting && (CountedMoves || !OnlyReset))
+    if (Moves && !Restarting && !OnlyConstants(*Stuck) && (CountedMoves || !OnlyReset))
       return {nullptr, nullptr};
     // `cmd->opcode == READ` on a value nothing here writes is a dispatch;
     // `since == 8` on a field the code resets is a counter.
@@ -576,7 +589,8 @@ void UnsignaledSendStarvationCheck::exportMoves(
   const Program &Prog = Program::of(A);
   std::set<std::string> Done;
   for (const CounterWrite &W : Writes) {
-    if (!(W.Moves & MovesEither))
+    // A constant loads or reloads a countdown; it counts nothing.
+    if (!(W.Moves & MovesEither) || W.Constant)
       continue;
     SlotKey Key = SlotKey::of(A.flow(W.Fn).resolve(W.Target), W.Fn);
     if (!Key.isShared())
