@@ -71,15 +71,33 @@ CompletionFields::CompletionFields(const TuAnalysis &A) : A(A) {
     for (const Def &D : A.flow(Fn).defs()) {
       if (D.K != Def::Assign || !D.Value)
         continue;
-      std::optional<FieldRole> Role = role(Fn, D.Value);
+      std::optional<FieldRole> Role = copiedRole(Fn, D.Value);
       if (!Role)
         continue;
       SlotKey Key = SlotKey::of(D.Target, Fn);
-      // Fields of a struct on this function's stack are not followed.
-      if (!D.Target.Steps.empty() && Key.isLocal())
+      // A field of a struct on this function's stack is followed by field:
+      // the handlers it is handed to name it through their parameter.
+      if (!D.Target.Steps.empty() && Key.isLocal()) {
+        if (const FieldDecl *F = D.Target.Steps.back().Field)
+          StackCopies.try_emplace(F, *Role);
         continue;
+      }
       Copies.try_emplace(Key, *Role);
     }
+}
+
+std::optional<FieldRole> CompletionFields::copiedRole(const FunctionDecl *Fn,
+                                                      const Expr *Value) const {
+  if (const auto *CO = dyn_cast<ConditionalOperator>(stripExpr(Value))) {
+    std::optional<FieldRole> T = role(Fn, CO->getTrueExpr());
+    std::optional<FieldRole> F = role(Fn, CO->getFalseExpr());
+    if (T && !F && A.values(Fn).constant(CO->getFalseExpr()))
+      return T;
+    if (F && !T && A.values(Fn).constant(CO->getTrueExpr()))
+      return F;
+    return std::nullopt;
+  }
+  return role(Fn, Value);
 }
 
 std::optional<FieldRole> CompletionFields::role(const FunctionDecl *Fn,
@@ -106,6 +124,12 @@ std::optional<FieldRole> CompletionFields::role(const FunctionDecl *Fn,
   auto It = Copies.find(SlotKey::of(A.flow(Fn).resolve(*L), Fn));
   if (It != Copies.end())
     return It->second;
+  if (const auto *ME = dyn_cast<MemberExpr>(stripExpr(E)))
+    if (const auto *F = dyn_cast<FieldDecl>(ME->getMemberDecl())) {
+      auto S = StackCopies.find(F);
+      if (S != StackCopies.end())
+        return S->second;
+    }
   return std::nullopt;
 }
 
@@ -114,7 +138,8 @@ bool CompletionFields::isInvalidatedKeyCopy(const FieldDecl *F) const {
     if (Role == FieldRole::InvalidatedRkey && !Slot.path().empty() &&
         Slot.path().back().Field == F)
       return true;
-  return false;
+  auto S = StackCopies.find(F);
+  return S != StackCopies.end() && S->second == FieldRole::InvalidatedRkey;
 }
 
 KeyTracker::KeyTracker(const TuAnalysis &A) : A(A) {

@@ -54,8 +54,16 @@ public:
   }
 
 private:
+  /// The role of a value stored as a copy: `(flags & WITH_INV) ?
+  /// read_invalidated_rkey(cq) : 0` is the invalidated rkey too.
+  std::optional<FieldRole> copiedRole(const clang::FunctionDecl *Fn,
+                                      const clang::Expr *Value) const;
+
   const TuAnalysis &A;
   std::map<SlotKey, FieldRole> Copies;
+  /// Fields of a completion context on the poller's stack (`rx.inv_rkey =
+  /// wc[i].invalidated_rkey`, `&rx` handed to the handlers), by field.
+  std::map<const clang::FieldDecl *, FieldRole> StackCopies;
 };
 
 /// Which MR an rkey value belongs to.

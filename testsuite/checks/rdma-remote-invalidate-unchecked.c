@@ -102,3 +102,77 @@ int ulp_handle_hello_late(struct ulp_req *req, struct ibv_wc *wc)
   ulp_local_inv(req);
   return 0;
 }
+
+// A poller that copies each completion into a context on its stack and
+// hands the context to the message handlers: the copied key is the
+// invalidated rkey, compared by one handler (directly, or through the
+// extended CQ's read in a conditional) and not by the other.
+struct rx_ctx {
+  unsigned int wc_flags;
+  uint32_t inv_rkey;
+  uint32_t slot;
+};
+
+struct grant {
+  struct ibv_mw *mw;
+  uint32_t rkey;
+  int busy;
+};
+
+void grant_put(struct grant *g);
+
+static void rx_commit(struct grant *g, const struct rx_ctx *rx)
+{
+  if (rx->wc_flags & IBV_WC_WITH_INV) {
+    if (rx->inv_rkey != g->rkey)
+      fprintf(stderr, "client invalidated %#x, granted %#x\n", rx->inv_rkey, g->rkey);
+  }
+  g->busy = 0;
+}
+
+static void rx_abort(struct grant *g, const struct rx_ctx *rx)
+{
+  if (rx->wc_flags & IBV_WC_WITH_INV)
+  // CHECK-MESSAGES: :[[@LINE-1]]:7: warning: completion with IBV_WC_WITH_INV is accepted without comparing the invalidated rkey (wc->invalidated_rkey) with the request's
+    grant_put(g);
+}
+
+void rx_poll(struct ibv_cq *cq, struct grant *grants)
+{
+  struct ibv_wc wc;
+  struct rx_ctx rx;
+
+  while (ibv_poll_cq(cq, 1, &wc) > 0) {
+    rx.wc_flags = wc.wc_flags;
+    rx.inv_rkey = wc.invalidated_rkey;
+    rx.slot = (uint32_t)wc.wr_id;
+    if (wc.opcode == IBV_WC_RECV && rx.slot & 1)
+      rx_abort(&grants[rx.slot >> 1], &rx);
+    else
+      rx_commit(&grants[rx.slot >> 1], &rx);
+  }
+}
+
+static int rxx_release(struct grant *g, const struct rx_ctx *rx)
+{
+  if (rx->wc_flags & IBV_WC_WITH_INV) {
+    if (rx->inv_rkey == g->rkey) {
+      g->busy = 0;
+      return 0;
+    }
+  }
+  return -EPROTO;
+}
+
+void rxx_poll(struct ibv_cq_ex *cq, struct grant *g)
+{
+  struct ibv_poll_cq_attr attr = {};
+  struct rx_ctx rx;
+
+  if (ibv_start_poll(cq, &attr))
+    return;
+  rx.wc_flags = ibv_wc_read_wc_flags(cq);
+  rx.inv_rkey = (rx.wc_flags & IBV_WC_WITH_INV) ? ibv_wc_read_invalidated_rkey(cq) : 0;
+  rxx_release(g, &rx);
+  ibv_end_poll(cq);
+}
