@@ -49,7 +49,7 @@ void MrLeakCheck::checkUnit(const TuAnalysis &A) {
 /// releases together.
 static std::string ownerOf(const SlotKey &S) {
   const RecordDecl *RD = S.record();
-  return RD ? RD->getName().str() : std::string();
+  return RD ? recordName(RD) : std::string();
 }
 
 /// Handles the program keeps for good need no release (a server's one

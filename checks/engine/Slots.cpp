@@ -49,8 +49,9 @@ SlotKey SlotKey::of(const Location &L, const FunctionDecl *Fn) {
   std::optional<size_t> Start = sharedStart(L);
   const RecordDecl *RD =
       Start ? L.Steps[*Start].Field->getParent() : nullptr;
-  // Anonymous structs have no name other units could share.
-  if (RD && !RD->getName().empty()) {
+  // Anonymous structs have no name other units could share, unless a
+  // typedef gives them one (`typedef struct { .. } uct_memh_t;`).
+  if (RD && (!RD->getName().empty() || RD->getTypedefNameForAnonDecl())) {
     K.S = Scope::Field;
     K.Base = RD->getCanonicalDecl();
     K.Path.append(L.Steps.begin() + *Start, L.Steps.end());
@@ -88,6 +89,13 @@ bool SlotKey::isFieldOf(const RecordDecl *RD) const {
   return S == Scope::Field && RD && Base == RD->getCanonicalDecl();
 }
 
+std::string recordName(const RecordDecl *RD) {
+  if (RD->getName().empty())
+    if (const TypedefNameDecl *TD = RD->getTypedefNameForAnonDecl())
+      return TD->getName().str();
+  return RD->getName().str();
+}
+
 static std::string pathText(llvm::ArrayRef<Location::Step> Steps) {
   Location L;
   L.Steps.append(Steps.begin(), Steps.end());
@@ -99,7 +107,7 @@ std::string SlotKey::str() const {
   case Scope::None:
     return "";
   case Scope::Field:
-    return cast<RecordDecl>(Base)->getName().str() + "." + pathText(Path);
+    return recordName(cast<RecordDecl>(Base)) + "." + pathText(Path);
   case Scope::Global: {
     std::string P = pathText(Path);
     return "::" + cast<NamedDecl>(Base)->getName().str() + (P.empty() ? "" : "." + P);

@@ -16,6 +16,9 @@
 
 namespace ulplint {
 
+/// A struct's tag, or the typedef that names an anonymous one.
+std::string recordName(const clang::RecordDecl *RD);
+
 class SlotKey {
 public:
   enum class Scope : uint8_t {

@@ -7,6 +7,7 @@
 #include <infiniband/mlx5dv.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <errno.h>
 
 struct ulp_conn {
   struct ibv_pd *pd;
@@ -493,4 +494,54 @@ mr_err:
   ibv_dereg_mr(r->mr);
   return DEMO_FAILURE;
   // CHECK-MESSAGES: :[[@LINE-1]]:3: warning: error path returns without releasing the memory window from 'ibv_alloc_mw'
+}
+
+// UCX-style memory handles: an anonymous struct named by its typedef is a
+// struct like any other. A handle given to the caller through an out
+// parameter is the caller's; one whose struct is freed on a later error
+// leaks.
+typedef struct {
+  struct ibv_mr *mr;
+  void *address;
+  size_t length;
+} md_memh_t;
+
+int md_mem_reg(struct ibv_pd *pd, void *address, size_t length, md_memh_t **memh_p)
+{
+  md_memh_t *memh = malloc(sizeof(*memh));
+
+  if (!memh)
+    return -ENOMEM;
+  memh->mr = ibv_reg_mr(pd, address, length, IBV_ACCESS_LOCAL_WRITE);
+  if (!memh->mr) {
+    free(memh);
+    return -EIO;
+  }
+  memh->address = address;
+  memh->length = length;
+  *memh_p = memh;
+  return 0;
+}
+
+int md_check_alignment(void *address);
+
+int md_mem_reg_aligned(struct ibv_pd *pd, void *address, size_t length, md_memh_t **memh_p)
+{
+  md_memh_t *memh = malloc(sizeof(*memh));
+
+  if (!memh)
+    return -ENOMEM;
+  memh->mr = ibv_reg_mr(pd, address, length, IBV_ACCESS_LOCAL_WRITE);
+  if (!memh->mr) {
+    free(memh);
+    return -EIO;
+  }
+  if (md_check_alignment(address)) {
+    free(memh);
+    // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'free' frees the struct that still holds a memory region from 'ibv_reg_mr'; it leaks [rdma-mr-leak]
+    // CHECK-MESSAGES: :[[@LINE-8]]:14: note: memory region obtained here
+    return -EINVAL;
+  }
+  *memh_p = memh;
+  return 0;
 }
