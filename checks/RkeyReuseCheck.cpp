@@ -27,6 +27,10 @@ static void returnedValues(const Stmt *S, SmallVectorImpl<const Expr *> &Out) {
 static bool incrementedAt(const TuAnalysis &A, const FunctionDecl *Fn,
                           const Location &L, const Stmt *At, unsigned Depth,
                           const Stmt *Loop = nullptr);
+static bool allocationKey(const TuAnalysis &A, const FunctionDecl *Fn,
+                          const Expr *Value, const Stmt *At);
+static bool freshWindow(const TuAnalysis &A, const FunctionDecl *Fn,
+                        const Expr *Mw, const Stmt *At);
 
 /// Is \p E a key no peer has seen: the result of ibv_inc_rkey() or
 /// ib_inc_rkey(), directly, through locals and fields, from a helper whose
@@ -110,8 +114,19 @@ static bool incrementedAt(const TuAnalysis &A, const FunctionDecl *Fn,
       return !Loop && newKeyFromCallers(A, Fn, L, Depth);
     if (Loop && !inside(A.flow(Fn).parents(), D->S, Loop))
       return false;
-    return D->K == Def::Assign && isIncrementedKey(A, Fn, D->Value, Depth + 1);
+    return D->K == Def::Assign && (isIncrementedKey(A, Fn, D->Value, Depth + 1) ||
+                                   allocationKey(A, Fn, D->Value, D->S));
   });
+}
+
+/// `rkey = c->mw->rkey` right after `c->mw = ibv_alloc_mw(..)` on every
+/// path to it: the key of a window nobody has seen yet is a new key.
+static bool allocationKey(const TuAnalysis &A, const FunctionDecl *Fn,
+                          const Expr *Value, const Stmt *At) {
+  const auto *ME = dyn_cast_or_null<MemberExpr>(stripExpr(Value));
+  std::optional<FieldStore> F = ME ? A.classifyMember(ME) : std::nullopt;
+  return F && F->Role == FieldRole::Rkey && F->Struct->Role == StructRole::Mw &&
+         freshWindow(A, Fn, ME->getBase(), At);
 }
 
 /// A window allocated on every path to its bind (`w->mw = ibv_alloc_mw(..)`

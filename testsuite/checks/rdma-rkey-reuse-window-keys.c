@@ -120,3 +120,48 @@ int blk_reuse(struct blk_conn *c)
   // CHECK-FIXES: ibv_wr_bind_mw(c->qpx, r->mw, ibv_inc_rkey(r->mw->rkey), &bi);
   return ibv_wr_complete(c->qpx);
 }
+
+// A lease that allocates its window the first time: the allocation key is
+// new on that path, the next leases rotate. The scan window reuses the key
+// it had.
+struct lease_cell {
+  struct ibv_mw *mw;
+  uint32_t rkey;
+  void *mem;
+  size_t len;
+};
+
+int lease_grant(struct ibv_pd *pd, struct ibv_qp_ex *qpx, struct ibv_mr *arena,
+                struct lease_cell *c)
+{
+  struct ibv_mw_bind_info bi = { .mr = arena, .addr = (uintptr_t)c->mem,
+                                 .length = c->len,
+                                 .mw_access_flags = IBV_ACCESS_REMOTE_READ };
+  uint32_t rkey;
+
+  if (!c->mw) {
+    c->mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+    if (!c->mw)
+      return -1;
+    rkey = c->mw->rkey;
+  } else {
+    rkey = ibv_inc_rkey(c->rkey);
+  }
+  ibv_wr_start(qpx);
+  ibv_wr_bind_mw(qpx, c->mw, rkey, &bi);
+  c->rkey = rkey;
+  return ibv_wr_complete(qpx);
+}
+
+int lease_rescan(struct ibv_qp_ex *qpx, struct ibv_mr *arena, struct lease_cell *c)
+{
+  struct ibv_mw_bind_info bi = { .mr = arena, .addr = (uintptr_t)c->mem,
+                                 .length = c->len,
+                                 .mw_access_flags = IBV_ACCESS_REMOTE_READ };
+  uint32_t rkey = c->mw->rkey;
+
+  ibv_wr_start(qpx);
+  ibv_wr_bind_mw(qpx, c->mw, rkey, &bi);
+  // CHECK-MESSAGES: :[[@LINE-1]]:30: warning: memory window re-bound without a new key; pass ibv_inc_rkey(c->mw->rkey) so a peer holding the old rkey loses access [rdma-rkey-reuse]
+  return ibv_wr_complete(qpx);
+}
