@@ -36,7 +36,7 @@ namespace budget {
 /// Blocks one walk may process.
 constexpr unsigned SolverSteps = 20000;
 /// Distinct path states kept at a block's entry.
-constexpr unsigned StatesPerBlock = 24;
+constexpr unsigned StatesPerBlock = 48;
 /// Helpers applied inside helpers.
 constexpr unsigned CallDepth = 8;
 /// Rounds of the resting-state fixpoint (the lattice is small).
