@@ -392,7 +392,9 @@ void UnsignaledSendStarvationCheck::checkStuckCounters(const TuAnalysis &A,
   llvm::DenseSet<const Expr *> Judged;
   for (const PostSite &P : W.posts())
     for (const WrSlot &S : P.Chain) {
-      if (S.Signal != WrSlot::Sometimes)
+      // Unknown: flags set in a helper that fills the WR (`wr =
+      // &req->wr[SEND]; wr->send_flags |= ..` in rpc_prep_send()).
+      if (S.Signal != WrSlot::Sometimes && S.Signal != WrSlot::Unknown)
         continue;
       // Each function that posts a shared WR (`conn->ctrl_wr` from the
       // notify and the keepalive paths) decides its signaling itself.
