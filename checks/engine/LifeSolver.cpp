@@ -772,13 +772,11 @@ private:
           if (!edge(W, *B, ThisIndex, *SB, S))
             continue;
           forgetDead(S);
-          // Under pressure, forget the settings tested before: fewer
-          // distinct states, at the price of paths a setting rules out.
-          if (Target.size() >= budget::StatesPerBlock / 2)
-            S.Decided.clear();
-          if (Target.size() < budget::StatesPerBlock)
+          if (Target.size() < budget::StatesPerBlock || Target.count(S))
             Target.insert(S);
-          else if (!Target.count(S))
+          else if (!S.Decided.empty() && Target.count(undecided(S)))
+            ; // a state that knows less of the settings stands for it
+          else
             Truncated = true;
         }
         if (Target.size() != Before)
@@ -821,6 +819,11 @@ private:
     S.Carried = false;
     if (!S.FreedLive)
       S.Reported = false;
+  }
+
+  static PathState undecided(PathState S) {
+    S.Decided.clear();
+    return S;
   }
 
   /// Runs one state through a block; the states that leave it go to \p Out.
