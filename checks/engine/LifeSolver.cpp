@@ -811,7 +811,6 @@ private:
       S.InvUnconfirmed = false;
     }
     S.Signaled = true;
-    S.Waited = false;
     S.Produced = S.Exposed = S.Inval = nullptr;
     S.Mismatch = S.HeldAt = nullptr;
     S.Bound = nullptr;
@@ -2491,39 +2490,51 @@ private:
     if (S.Exposed && recovers(S.ErrorBranch))
       return false;
     bool PostFailed = postFailed(W, RS, S);
-    if (!PostFailed && S.Produced && S.Produced->By == Effect::MrPoolGet)
+    bool Pooled = S.Produced && S.Produced->By == Effect::MrPoolGet;
+    if (!PostFailed && Pooled)
       return true;
     // A registration that replaced the slot's previous one (`dereg(c->mr);
     // c->mr = reg(..)`: a buffer that grows) found the struct set up; the
     // teardown that releases the slot owns it as it did the old one.
     bool Replaced = S.Produced && replacesHeld(*S.Produced);
-    auto Key = std::make_tuple(W.Fn, W.Slot, PostFailed || Replaced);
-    auto It = Unwinds.find(Key);
-    if (It != Unwinds.end())
-      return It->second;
-    bool Own = false, OwnDereg = false, Cleanup = false, Completion = false;
-    for (const LifeEvent &E : LC.Events) {
-      bool Releases = E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release ||
-                      (E.K == LifeEventKind::ContainerRelease && !E.Recycle);
-      if (!Releases || E.Slot != W.Slot)
-        continue;
-      if (E.Fn == W.Fn) {
-        Own = true;
-        OwnDereg |= E.K == LifeEventKind::Deregister;
-      }
-      else if (onCompletionPath(E.Fn))
-        Completion = true;
-      else if (PostFailed || Replaced || toleratesPartialSetup(E.Fn))
-        Cleanup = true;
-    }
+    const Releasers &R = releasersOf(W.Fn, W.Slot, PostFailed || Replaced);
     if (Replaced && !PostFailed)
-      return Unwinds[Key] = !Cleanup;
+      return !R.Cleanup;
     // A function that deregisters the handle on another of its paths owns
     // it on this one too, whoever cleans up after a failed post.
     if (PostFailed)
-      return Unwinds[Key] = (OwnDereg && !(S.Produced && S.Produced->By == Effect::MrPoolGet)) ||
-                            (Completion && !Cleanup);
-    return Unwinds[Key] = Own || !Cleanup;
+      return (R.OwnDereg && !Pooled) || (R.Completion && !R.Cleanup);
+    return R.Own || !R.Cleanup;
+  }
+
+  /// Who in the unit releases \p Slot: \p Fn itself (and whether by
+  /// deregistering it), a function on the completion path, or a cleanup
+  /// function; with \p AnyCleanup, every other releasing function is one,
+  /// otherwise only those that can run after a partial setup.
+  struct Releasers {
+    bool Own = false, OwnDereg = false, Completion = false, Cleanup = false;
+  };
+  const Releasers &releasersOf(const FunctionDecl *Fn, const SlotKey &Slot,
+                               bool AnyCleanup) {
+    auto [It, New] = ReleasersOf.try_emplace({Fn, Slot, AnyCleanup});
+    Releasers &R = It->second;
+    if (!New)
+      return R;
+    for (const LifeEvent &E : LC.Events) {
+      bool Releases = E.K == LifeEventKind::Deregister || E.K == LifeEventKind::Release ||
+                      (E.K == LifeEventKind::ContainerRelease && !E.Recycle);
+      if (!Releases || E.Slot != Slot)
+        continue;
+      if (E.Fn == Fn) {
+        R.Own = true;
+        R.OwnDereg |= E.K == LifeEventKind::Deregister;
+      } else if (onCompletionPath(E.Fn)) {
+        R.Completion = true;
+      } else if (AnyCleanup || toleratesPartialSetup(E.Fn)) {
+        R.Cleanup = true;
+      }
+    }
+    return R;
   }
 
   /// Does the function that produced \p P release the same slot before it
@@ -2729,7 +2740,7 @@ private:
   std::set<SlotKey> AfterUse;
   std::set<int64_t> InvTags;
   std::set<const FunctionDecl *> Invalidators;
-  std::map<std::tuple<const FunctionDecl *, SlotKey, bool>, bool> Unwinds;
+  std::map<std::tuple<const FunctionDecl *, SlotKey, bool>, Releasers> ReleasersOf;
   std::set<const FunctionDecl *> DoneCallbacks;
   std::map<const FunctionDecl *, std::set<SlotKey>> OwnSlots, ParamSlots, Touches,
       SharedTouched, Prepares, InvalidatesIn;
