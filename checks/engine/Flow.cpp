@@ -837,15 +837,23 @@ FlagSet ValueEval::fromCallers(const Location &L, unsigned Depth) const {
   return Result;
 }
 
+const Def *FunctionFlow::lastDefAt(const Stmt *S, const Location &L) const {
+  auto It = DefsAt.find(S);
+  if (It == DefsAt.end())
+    return nullptr;
+  const Def *Last = nullptr;
+  for (unsigned I : It->second)
+    if (L.isWithin(Defs[I].Target))
+      Last = &Defs[I];
+  return Last;
+}
+
 FlagSet ValueEval::flagsAt(const Location &L, const Stmt *At) const {
   return evalLocation(At, Flow.resolve(L), BaseDepth);
 }
 
 FlagSet ValueEval::flagsAfter(const Location &L, const Stmt *At) const {
-  const Def *Last = nullptr;
-  for (const Def &D : Flow.defs())
-    if (D.S == At && L.isWithin(D.Target))
-      Last = &D;
+  const Def *Last = Flow.lastDefAt(At, L);
   if (!Last)
     return FlagSet::unknown(At);
   return evalReaching(*Last, L, 0);

@@ -43,6 +43,14 @@ struct Location {
     return Root == O.Root && Steps == O.Steps;
   }
   bool operator!=(const Location &O) const { return !(*this == O); }
+  /// An order for keying maps (by address: not stable across runs).
+  bool operator<(const Location &O) const {
+    if (Root != O.Root)
+      return Root < O.Root;
+    return std::lexicographical_compare(
+        Steps.begin(), Steps.end(), O.Steps.begin(), O.Steps.end(),
+        [](const Step &L, const Step &R) { return L.Field < R.Field; });
+  }
   /// True when this location is `Other` or lies inside it.
   bool isWithin(const Location &Other) const;
   /// The first \p Len steps.
@@ -110,6 +118,10 @@ public:
   const clang::CFG *cfg() const { return Graph.get(); }
   const clang::ParentMap &parents() const { return *PM; }
   llvm::ArrayRef<Def> defs() const { return Defs; }
+  /// Does a definition stand at \p S?
+  bool definesAt(const clang::Stmt *S) const { return DefsAt.count(S); }
+  /// The last definition at \p S of \p L or of storage containing it.
+  const Def *lastDefAt(const clang::Stmt *S, const Location &L) const;
 
   /// Definitions of \p L (or of storage containing it) that may reach \p At;
   /// a null entry stands for the value \p L has when the function starts.

@@ -429,10 +429,7 @@ std::optional<Linear> linearAt(const TuAnalysis &A, const FunctionDecl *Fn,
 std::optional<Linear> linearAfter(const TuAnalysis &A, const FunctionDecl *Fn,
                                   const Location &L, const Stmt *At) {
   Location R = A.flow(Fn).resolve(L);
-  const Def *Last = nullptr;
-  for (const Def &D : A.flow(Fn).defs())
-    if (D.S == At && R.isWithin(D.Target))
-      Last = &D;
+  const Def *Last = A.flow(Fn).lastDefAt(At, R);
   if (!Last)
     return std::nullopt;
   return linearOfDef(A, Fn, R, *Last, 0);

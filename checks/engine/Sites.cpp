@@ -56,8 +56,7 @@ static bool isFinalStore(const TuAnalysis &A, const FieldStore &S,
 /// its own there, so its stores are evaluated from the stored value.
 static FlagSet storedValue(const TuAnalysis &A, const FieldStore &S) {
   const FunctionFlow &Flow = A.flow(S.Fn);
-  bool Defined = llvm::any_of(Flow.defs(), [&](const Def &D) { return D.S == S.At; });
-  if (Defined || !S.Value)
+  if (Flow.definesAt(S.At) || !S.Value)
     return A.values(S.Fn).flagsAfter(Flow.resolve(S.Target), S.At);
   return A.values(S.Fn).flags(S.Value);
 }
@@ -337,27 +336,78 @@ static void sinksOfSgList(const TuAnalysis &A, const FunctionDecl *Fn,
     addressSink(A, L->Fn, L->Value, Proto, Out);
 }
 
+static bool sameSink(const ReadSink &L, const ReadSink &R) {
+  return L.Fn == R.Fn && L.ReadLoc == R.ReadLoc && L.Region == R.Region &&
+         L.RegionFn == R.RegionFn && L.LocalDmaLkey == R.LocalDmaLkey;
+}
+
 /// Local memory of the RDMA work requests with one of \p Ops.
 static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
                                          llvm::ArrayRef<Opcode> Ops) {
   auto Wanted = [&](Opcode Op) { return llvm::is_contained(Ops, Op); };
   std::vector<ReadSink> Out;
-  // Work requests built field by field.
+  // Work requests built field by field. Elements of one array of WRs share
+  // their storage, so every opcode store sees every sg_list store: what a
+  // list addresses is worked out once, and each READ keeps one sink per
+  // region (otherwise opcodes x lists x lkeys).
+  std::map<std::pair<const FunctionDecl *, Location>, std::vector<ReadSink>>
+      ListSinks;
+  llvm::DenseMap<const FieldStore *, const std::vector<ReadSink> *> SinksOfStore;
+  auto SinksOf = [&](const FieldStore *List) -> const std::vector<ReadSink> & {
+    const std::vector<ReadSink> *&Known = SinksOfStore[List];
+    if (Known)
+      return *Known;
+    std::optional<Location> Sg = locationOf(List->Value);
+    Location Key = Sg ? A.flow(List->Fn).resolve(*Sg) : Location();
+    auto [It, New] = ListSinks.try_emplace({List->Fn, Key});
+    if (New) {
+      std::vector<ReadSink> All;
+      sinksOfSgList(A, List->Fn, List->Value, {}, All);
+      for (const ReadSink &Sink : All) // one per lkey store of the list
+        if (llvm::none_of(It->second,
+                          [&](const ReadSink &O) { return sameSink(O, Sink); }))
+          It->second.push_back(Sink);
+    }
+    Known = &It->second;
+    return It->second;
+  };
+  // sameStorage() by parts: stores in the same storage have the same slot
+  // key; a shared key is the storage, a local one needs the same location.
+  std::map<SlotKey, std::vector<std::pair<const FieldStore *, Location>>>
+      ListsByKey;
+  for (const FieldStore &List : A.stores())
+    if (List.Role == FieldRole::SgList && List.Value) {
+      Location R = A.flow(List.Fn).resolve(List.Object);
+      ListsByKey[SlotKey::of(R, List.Fn)].push_back({&List, R});
+    }
   for (const FieldStore &S : A.stores()) {
     if (S.Role != FieldRole::Opcode)
       continue;
+    std::vector<OpcodeContext> Contexts;
+    for (const OpcodeContext &Ctx : opcodeContexts(A, S))
+      if (llvm::any_of(Ctx.Ops, Wanted))
+        Contexts.push_back(Ctx);
+    if (Contexts.empty())
+      continue;
+    Location R = A.flow(S.Fn).resolve(S.Object);
+    SlotKey Key = SlotKey::of(R, S.Fn);
     std::vector<const FieldStore *> Lists;
-    for (const FieldStore &List : A.stores())
-      if (List.Role == FieldRole::SgList && List.Value &&
-          A.sameStorage(List.Object, List.Fn, S.Object, S.Fn))
-        Lists.push_back(&List);
+    for (const auto &[List, ListR] : ListsByKey[Key])
+      if (Key.isShared() || (List->Fn == S.Fn && ListR == R))
+        Lists.push_back(List);
     preferLocal(Lists, S.Fn);
-    for (const OpcodeContext &Ctx : opcodeContexts(A, S)) {
-      if (!llvm::any_of(Ctx.Ops, Wanted))
-        continue;
+    for (const OpcodeContext &Ctx : Contexts) {
+      size_t First = Out.size();
       for (const FieldStore *List : Lists)
-        sinksOfSgList(A, List->Fn, List->Value,
-                      {Ctx.Fn, Ctx.At, std::nullopt, nullptr, false}, Out);
+        for (ReadSink Sink : SinksOf(List)) {
+          if (!Sink.Fn) { // addressed where the READ is built
+            Sink.Fn = Ctx.Fn;
+            Sink.ReadLoc = Ctx.At;
+          }
+          if (std::none_of(Out.begin() + First, Out.end(),
+                           [&](const ReadSink &O) { return sameSink(O, Sink); }))
+            Out.push_back(Sink);
+        }
     }
   }
   // librdmacm helpers and the extended post API.
