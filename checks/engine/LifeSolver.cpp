@@ -1284,7 +1284,7 @@ private:
         return K.Slot == W.Slot && !K.Stable;
       });
       if (!EachRound && E.KeyArgs.empty())
-        EachRound = objectLoop(W.Fn, E.S, W.Slot) == Loop;
+        EachRound = objectLoop(W.Fn, E.S, W.Slot, /*Dispatch=*/false) == Loop;
       if (!EachRound)
         continue;
       std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, E);
@@ -1572,8 +1572,11 @@ private:
   }
 
   /// The innermost loop around \p At that points a local at another struct
-  /// of \p Slot's type each time round, or null.
-  const Stmt *objectLoop(const FunctionDecl *Fn, const Stmt *At, const SlotKey &Slot) {
+  /// of \p Slot's type each time round, or null. \p Dispatch: also a loop
+  /// that hands each completion to a handler (it takes another object each
+  /// time round too, but not every object: it says nothing of all of them).
+  const Stmt *objectLoop(const FunctionDecl *Fn, const Stmt *At, const SlotKey &Slot,
+                         bool Dispatch = true) {
     const RecordDecl *RD = Slot.record();
     if (!RD)
       return nullptr;
@@ -1581,6 +1584,8 @@ private:
     for (const Stmt *P = PM.getParent(At); P; P = PM.getParent(P)) {
       if (!isa<ForStmt>(P) && !isa<WhileStmt>(P) && !isa<DoStmt>(P))
         continue;
+      if (Dispatch && handsOutCompletions(P, Slot))
+        return P;
       auto [It, New] = ObjectLoops.try_emplace({P, RD}, false);
       if (New)
         It->second = llvm::any_of(A.flow(Fn).defs(), [&](const Def &D) {
@@ -1601,6 +1606,84 @@ private:
         return P;
     }
     return nullptr;
+  }
+
+  /// A loop handing completions to handlers, and the structs it hands
+  /// them unchanged each time round (`c` in `handle_wc(c, &wc[i])`).
+  struct DispatchLoop {
+    llvm::SmallPtrSet<const clang::TagDecl *, 4> Fixed;
+  };
+
+  /// `for (i = 0; i < n; i++) handle_wc(q, &wc[i]);`, `while
+  /// (ibv_poll_cq(cq, 1, &wc) > 0) handle_wc(&wc);`: each time round a
+  /// handler of the unit gets another completion, so another request; not
+  /// another `q`, nor a struct of q's type. Only the innermost loop around
+  /// the handler call counts.
+  bool handsOutCompletions(const Stmt *Loop, const SlotKey &Slot) {
+    auto [It, New] = DispatchLoops.try_emplace(Loop);
+    if (New)
+      It->second = findHandlersOfEachCompletion(Loop);
+    const std::optional<DispatchLoop> &D = It->second;
+    if (!D)
+      return false;
+    const RecordDecl *RD = Slot.record();
+    return Slot.isElement() || !RD || !D->Fixed.count(RD->getCanonicalDecl());
+  }
+
+  std::optional<DispatchLoop> findHandlersOfEachCompletion(const Stmt *Loop) {
+    bool Polls = false, Indexed = false, Handler = false;
+    DispatchLoop D;
+    auto Pointee = [](QualType T) {
+      return T->isPointerType() ? T->getPointeeType() : T;
+    };
+    std::function<void(const Stmt *)> Visit = [&](const Stmt *St) {
+      if (!St)
+        return;
+      if (const auto *CE = dyn_cast<CallExpr>(St)) {
+        const FunctionModel *M = A.modelOf(CE);
+        if (M && M->E == Effect::CqPoll)
+          Polls = true;
+        const FunctionDecl *Callee = CE->getDirectCallee();
+        if (!M && Callee && Callee->hasBody())
+          for (const Expr *Arg : CE->arguments()) {
+            QualType T = Pointee(Arg->getType());
+            const StructModel *SM = A.structOf(T);
+            if (SM && SM->Role == StructRole::Wc) {
+              Handler = true;
+              Indexed |= indexes(Arg);
+            } else if (const RecordDecl *RD = T->getAsRecordDecl();
+                       RD && !varies(Arg)) {
+              D.Fixed.insert(RD->getCanonicalDecl());
+            }
+          }
+      }
+      for (const Stmt *C : St->children())
+        if (C && !isa<ForStmt>(C) && !isa<WhileStmt>(C) && !isa<DoStmt>(C))
+          Visit(C); // an inner loop is the one that takes them one by one
+    };
+    Visit(Loop);
+    if (!Handler || !(Indexed || Polls))
+      return std::nullopt;
+    return D;
+  }
+
+  /// Might \p E name another object each time round (`&q->reqs[i]`,
+  /// `lookup(q, tag)`)? `q`, `&q->conn` do not.
+  static bool varies(const Stmt *E) {
+    if (isa<ArraySubscriptExpr>(E) || isa<CallExpr>(E))
+      return true;
+    return llvm::any_of(E->children(),
+                        [](const Stmt *C) { return C && varies(C); });
+  }
+
+  /// `&wc[i]`, `wc + i`, `wc[i]`.
+  static bool indexes(const Expr *E) {
+    E = E->IgnoreParenImpCasts();
+    if (const auto *UO = dyn_cast<UnaryOperator>(E))
+      E = UO->getSubExpr()->IgnoreParenImpCasts();
+    if (const auto *BO = dyn_cast<BinaryOperator>(E))
+      return BO->isAdditiveOp();
+    return isa<ArraySubscriptExpr>(E);
   }
 
   /// A fresh state for a new handle; what the path learned of the
@@ -2757,6 +2840,7 @@ private:
   std::map<SlotKey, bool> RemoteRegistered;
   std::map<const FunctionDecl *, bool> Waits; // waitsFor()
   std::map<std::pair<const Stmt *, const RecordDecl *>, bool> ObjectLoops;
+  llvm::DenseMap<const Stmt *, std::optional<DispatchLoop>> DispatchLoops;
   /// Where the user wrote the macros the unit's waits expand from.
   std::optional<std::set<SourceLocation>> WaitMacros;
   std::map<std::pair<const Stmt *, SlotKey>, LoopInvalidationFact> LoopInvalidation;
