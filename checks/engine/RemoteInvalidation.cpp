@@ -137,15 +137,22 @@ const RecordDecl *flagsRecord(const TuAnalysis &A, const Expr *Cond) {
   return Found;
 }
 
-/// `rep->rr_inv_rkey = wc->ex.invalidate_rkey;`: a branch that only copies
-/// the completion into a struct records the invalidation for whoever reads
-/// the struct; it accepts nothing itself.
+/// `rep->rr_inv_rkey = wc->ex.invalidate_rkey;`, `inv_rkey =
+/// ibv_wc_read_invalidated_rkey(cq);`: a branch that only copies the key
+/// into a struct or a local records the invalidation for whoever reads it
+/// (a handler it is passed to); it accepts nothing itself.
 bool onlyRecords(const CompletionFields &CF, const FunctionDecl *Fn,
                  const Stmt *Branch) {
+  auto IntoLocal = [](const Expr *E) {
+    const auto *DRE = dyn_cast<DeclRefExpr>(E->IgnoreParenImpCasts());
+    const auto *VD = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+    return VD && VD->hasLocalStorage() && !isa<ParmVarDecl>(VD);
+  };
   auto Records = [&](const Stmt *S) {
     const auto *BO = dyn_cast<BinaryOperator>(S);
     return BO && BO->getOpcode() == BO_Assign &&
-           isa<MemberExpr>(BO->getLHS()->IgnoreParenImpCasts()) &&
+           (isa<MemberExpr>(BO->getLHS()->IgnoreParenImpCasts()) ||
+            IntoLocal(BO->getLHS())) &&
            CF.role(Fn, BO->getRHS()) == FieldRole::InvalidatedRkey;
   };
   if (const auto *CS = dyn_cast<CompoundStmt>(Branch))
@@ -158,16 +165,19 @@ bool onlyRecords(const CompletionFields &CF, const FunctionDecl *Fn,
 class InvalidatedKeyReads {
 public:
   InvalidatedKeyReads(const TuAnalysis &A, const CompletionFields &CF,
-                      const FunctionDecl *Fn)
-      : A(A), CF(CF), Fn(Fn) {}
+                      const FunctionDecl *Fn, unsigned Depth = 0)
+      : A(A), CF(CF), Fn(Fn), Depth(Depth) {}
   std::set<const ValueDecl *> KeyParams;
 
   bool reads(const Expr *E) const {
     if (CF.role(Fn, E) == FieldRole::InvalidatedRkey)
       return true;
-    if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(E)))
+    if (const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(E))) {
       if (KeyParams.count(DRE->getDecl()))
         return true;
+      if (const auto *P = dyn_cast<ParmVarDecl>(DRE->getDecl()))
+        return passedKey(P);
+    }
     // `u32 rkey = wc->ex.invalidate_rkey;` then `rkey != ...`
     if (auto L = locationOf(E); L && L->Steps.empty())
       for (const Def *D : A.flow(Fn).reaching(*L, E))
@@ -179,9 +189,26 @@ public:
   }
 
 private:
+  /// `handle_ats(iface, req, flags, inv_rkey)` where the poller passed what
+  /// ibv_wc_read_invalidated_rkey() returned: the parameter is the key.
+  bool passedKey(const ParmVarDecl *P) const {
+    if (Depth >= 2 || P->getDeclContext() != Fn)
+      return false;
+    unsigned Index = P->getFunctionScopeIndex();
+    for (const auto &[Call, Caller] : A.callersOf(Fn)) {
+      if (Index >= Call->getNumArgs() || Caller == Fn)
+        continue;
+      InvalidatedKeyReads InCaller(A, CF, Caller, Depth + 1);
+      if (InCaller.reads(Call->getArg(Index)))
+        return true;
+    }
+    return false;
+  }
+
   const TuAnalysis &A;
   const CompletionFields &CF;
   const FunctionDecl *Fn;
+  unsigned Depth;
 };
 
 /// Inside an accepting branch: equality tests of the invalidated rkey
