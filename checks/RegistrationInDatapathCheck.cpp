@@ -240,11 +240,50 @@ static std::string cost(const TuAnalysis &A, Effect E) {
                "I/O";
 }
 
+/// `e = cache_lookup(dom, buf, len); if (e) goto hit; ... e = victim(dom);
+/// e->mr = ibv_reg_mr(...)`: a hit on the lookup skips the registration,
+/// which fills an entry of the struct the lookup returns (a registration
+/// cache). So does the deregistration of the entry it evicts.
+static bool skipsOnCacheHit(const TuAnalysis &A, const ApiCall &C) {
+  std::optional<Location> Handle = registeredHandle(A, C);
+  if (!Handle)
+    return false;
+  const FunctionFlow &Flow = A.flow(C.Caller);
+  llvm::SmallPtrSet<const TagDecl *, 2> Entries;
+  for (const Location &L : keptIn(Flow, *Handle))
+    if (const FieldDecl *F = L.lastField())
+      Entries.insert(F->getParent()->getCanonicalDecl());
+  const auto *Body = dyn_cast_or_null<CompoundStmt>(C.Caller->getBody());
+  if (Entries.empty() || !Body)
+    return false;
+  for (const Stmt *St : Body->body()) {
+    const auto *Guard = dyn_cast<IfStmt>(St);
+    const Stmt *Last = Guard ? lastStatement(Guard->getThen()) : nullptr;
+    if (!Guard || Guard->getElse() || !(isa_and_nonnull<ReturnStmt>(Last) || isa_and_nonnull<GotoStmt>(Last)) ||
+        !Flow.reachableFrom(Guard->getCond(), C.Call))
+      continue;
+    const VarDecl *Hit = varOf(Guard->getCond());
+    const RecordDecl *RD = Hit && Hit->getType()->isPointerType()
+                               ? Hit->getType()->getPointeeType()->getAsRecordDecl()
+                               : nullptr;
+    if (!RD || !Entries.count(RD->getCanonicalDecl()))
+      continue;
+    Location HitLoc{Hit, {}};
+    for (const Def *D : Flow.reaching(HitLoc, Guard->getCond()))
+      if (D && D->K == Def::Assign && D->Value &&
+          isa<CallExpr>(D->Value->IgnoreParenImpCasts()) &&
+          !A.modelOf(cast<CallExpr>(D->Value->IgnoreParenImpCasts())))
+        return true;
+  }
+  return false;
+}
+
 /// A registration or deregistration that runs once per I/O.
 static bool perIo(const TuAnalysis &A, const Inventory &Inv,
                   const RegistrationSite &S) {
   if (!S.Call || !S.Datapath || !isPerIoCall(S.Call->Model->E) ||
-      registersLazily(A, *S.Call) || heldPerConnection(A, *S.Call) ||
+      registersLazily(A, *S.Call) || skipsOnCacheHit(A, *S.Call) ||
+      heldPerConnection(A, *S.Call) ||
       wholeTable(A, *S.Call))
     return false;
   // A session function's own setup, outside the loop it posts or polls in.
