@@ -1284,7 +1284,8 @@ private:
         return K.Slot == W.Slot && !K.Stable;
       });
       if (!EachRound && E.KeyArgs.empty())
-        EachRound = objectLoop(W.Fn, E.S, W.Slot, /*Dispatch=*/false) == Loop;
+        EachRound = objectLoop(W.Fn, E.S, W.Slot, /*Dispatch=*/false) == Loop ||
+                    passesElement(cast<CallExpr>(E.S), W.Slot);
       if (!EachRound)
         continue;
       std::optional<SlotKey> In = calleeSlot(W.Fn, W.Slot, E);
@@ -1674,6 +1675,21 @@ private:
       return true;
     return llvm::any_of(E->children(),
                         [](const Stmt *C) { return C && varies(C); });
+  }
+
+  /// `post_inv(ctx, &ctx->slots[i], 0)`: the helper gets another struct of
+  /// the slot's type each time round.
+  static bool passesElement(const CallExpr *CE, const SlotKey &Slot) {
+    const RecordDecl *RD = Slot.record();
+    if (!RD)
+      return false;
+    return llvm::any_of(CE->arguments(), [&](const Expr *Arg) {
+      QualType T = Arg->getType();
+      const RecordDecl *Pointee =
+          T->isPointerType() ? T->getPointeeType()->getAsRecordDecl() : nullptr;
+      return Pointee && Pointee->getCanonicalDecl() == RD->getCanonicalDecl() &&
+             indexes(Arg);
+    });
   }
 
   /// `&wc[i]`, `wc + i`, `wc[i]`.
