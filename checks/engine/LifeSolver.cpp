@@ -971,8 +971,11 @@ private:
         incident(W, LifeIncident::LeakOverwrite, &E, S);
       // A handle this path found there (`if (!r->mr) continue; ...
       // r->mr = NULL;`), dropped without its release. A local holding a
-      // handle it did not produce borrowed it (`mr = path->mrs[i]`).
-      else if (holds(S.L) && !ownProduced(S) && S.HeldAt && !W.Own)
+      // handle it did not produce borrowed it (`mr = path->mrs[i]`). A
+      // store into an element by a moving index (`pool[n++] = mw`, a
+      // push) writes another element than the one found.
+      else if (holds(S.L) && !ownProduced(S) && S.HeldAt && !W.Own &&
+               (E.K == LifeEventKind::Clear || E.Stable || !W.Slot.isElement()))
         incident(W, LifeIncident::LeakOverwrite, &E, S);
       S.HeldAt = nullptr;
       S.L = E.K == LifeEventKind::Clear ? Life::None : Life::Unknown;
