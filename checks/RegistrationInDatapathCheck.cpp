@@ -66,6 +66,26 @@ static bool sizedBy(const FunctionFlow &Flow, const ApiCall &C, const Expr *Valu
                       [&](const Expr *Arg) { return names(Flow, Arg, *V); });
 }
 
+/// The top-level `if (cond) return;` statements of \p C's function (with
+/// \p OrGoto also `if (cond) goto out;`) from which the call is reachable:
+/// tests that may leave before it.
+static std::vector<const IfStmt *> guardsBefore(const FunctionFlow &Flow,
+                                                const ApiCall &C, bool OrGoto) {
+  std::vector<const IfStmt *> Out;
+  const auto *Body = dyn_cast_or_null<CompoundStmt>(C.Caller->getBody());
+  if (!Body)
+    return Out;
+  for (const Stmt *St : Body->body()) {
+    const auto *Guard = dyn_cast<IfStmt>(St);
+    const Stmt *Last = Guard ? lastStatement(Guard->getThen()) : nullptr;
+    bool Leaves = isa_and_nonnull<ReturnStmt>(Last) ||
+                  (OrGoto && isa_and_nonnull<GotoStmt>(Last));
+    if (Leaves && !Guard->getElse() && Flow.reachableFrom(Guard->getCond(), C.Call))
+      Out.push_back(Guard);
+  }
+  return Out;
+}
+
 /// `if (!buf->mr) buf->mr = ibv_reg_mr(...)`: registered once, on first
 /// use, then cached; not per I/O. Also `if (want <= s->len) return 0;`
 /// ahead of a registration after which the function records the new
@@ -82,15 +102,7 @@ static bool registersLazily(const TuAnalysis &A, const ApiCall &C) {
       for (const Location &L : Kept)
         if (names(Flow, If->getCond(), L))
           return true;
-  const auto *Body = dyn_cast_or_null<CompoundStmt>(C.Caller->getBody());
-  if (!Body)
-    return false;
-  for (const Stmt *St : Body->body()) {
-    const auto *Guard = dyn_cast<IfStmt>(St);
-    if (!Guard || !isa_and_nonnull<ReturnStmt>(lastStatement(Guard->getThen())) ||
-        Guard->getElse() ||
-        !Flow.reachableFrom(Guard->getCond(), C.Call))
-      continue;
+  for (const IfStmt *Guard : guardsBefore(Flow, C, /*OrGoto=*/false)) {
     for (const Def &D : Flow.defs()) {
       Location T = Flow.resolve(D.Target);
       const auto *VD = dyn_cast_or_null<VarDecl>(T.Root);
@@ -253,15 +265,9 @@ static bool skipsOnCacheHit(const TuAnalysis &A, const ApiCall &C) {
   for (const Location &L : keptIn(Flow, *Handle))
     if (const FieldDecl *F = L.lastField())
       Entries.insert(F->getParent()->getCanonicalDecl());
-  const auto *Body = dyn_cast_or_null<CompoundStmt>(C.Caller->getBody());
-  if (Entries.empty() || !Body)
+  if (Entries.empty())
     return false;
-  for (const Stmt *St : Body->body()) {
-    const auto *Guard = dyn_cast<IfStmt>(St);
-    const Stmt *Last = Guard ? lastStatement(Guard->getThen()) : nullptr;
-    if (!Guard || Guard->getElse() || !(isa_and_nonnull<ReturnStmt>(Last) || isa_and_nonnull<GotoStmt>(Last)) ||
-        !Flow.reachableFrom(Guard->getCond(), C.Call))
-      continue;
+  for (const IfStmt *Guard : guardsBefore(Flow, C, /*OrGoto=*/true)) {
     const VarDecl *Hit = varOf(Guard->getCond());
     const RecordDecl *RD = Hit && Hit->getType()->isPointerType()
                                ? Hit->getType()->getPointeeType()->getAsRecordDecl()
@@ -269,11 +275,13 @@ static bool skipsOnCacheHit(const TuAnalysis &A, const ApiCall &C) {
     if (!RD || !Entries.count(RD->getCanonicalDecl()))
       continue;
     Location HitLoc{Hit, {}};
-    for (const Def *D : Flow.reaching(HitLoc, Guard->getCond()))
-      if (D && D->K == Def::Assign && D->Value &&
-          isa<CallExpr>(D->Value->IgnoreParenImpCasts()) &&
-          !A.modelOf(cast<CallExpr>(D->Value->IgnoreParenImpCasts())))
+    for (const Def *D : Flow.reaching(HitLoc, Guard->getCond())) {
+      const auto *Lookup = D && D->K == Def::Assign && D->Value
+                               ? dyn_cast<CallExpr>(D->Value->IgnoreParenImpCasts())
+                               : nullptr;
+      if (Lookup && !A.modelOf(Lookup))
         return true;
+    }
   }
   return false;
 }

@@ -483,9 +483,16 @@ bool TuAnalysis::sameStorage(const Location &L1, const FunctionDecl *F1,
   Location R1 = flow(F1).resolve(L1);
   Location R2 = flow(F2).resolve(L2);
   if (F1 == F2 && R1 == R2)
-    return true;
+    return true; // spares the keys
   SlotKey K1 = SlotKey::of(R1, F1);
-  return K1.isShared() && K1 == SlotKey::of(R2, F2);
+  return K1.isShared() && // spares the second key
+         sameResolvedStorage(R1, F1, K1, R2, F2, SlotKey::of(R2, F2));
+}
+
+bool TuAnalysis::sameResolvedStorage(const Location &R1, const FunctionDecl *F1,
+                                     const SlotKey &K1, const Location &R2,
+                                     const FunctionDecl *F2, const SlotKey &K2) const {
+  return (F1 == F2 && R1 == R2) || (K1.isShared() && K1 == K2);
 }
 
 bool TuAnalysis::withinStorage(const Location &L1, const FunctionDecl *F1,

@@ -125,6 +125,11 @@ public:
   /// through pointers to the same struct field (one shared SlotKey) across two.
   bool sameStorage(const Location &L1, const clang::FunctionDecl *F1,
                    const Location &L2, const clang::FunctionDecl *F2) const;
+  /// sameStorage() of locations already resolved in their functions, with
+  /// their slot keys: for callers that bucket stores by that key.
+  bool sameResolvedStorage(const Location &R1, const clang::FunctionDecl *F1,
+                           const SlotKey &K1, const Location &R2,
+                           const clang::FunctionDecl *F2, const SlotKey &K2) const;
   /// True when storage \p L1 (read in \p F1) lies inside \p L2 (in \p F2).
   bool withinStorage(const Location &L1, const clang::FunctionDecl *F1,
                      const Location &L2, const clang::FunctionDecl *F2) const;

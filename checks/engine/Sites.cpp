@@ -371,8 +371,8 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
     Known = &It->second;
     return It->second;
   };
-  // sameStorage() by parts: stores in the same storage have the same slot
-  // key; a shared key is the storage, a local one needs the same location.
+  // Stores in the same storage have the same slot key (see sameStorage()):
+  // each opcode store looks only at the sg_list stores of its key.
   std::map<SlotKey, std::vector<std::pair<const FieldStore *, Location>>>
       ListsByKey;
   for (const FieldStore &List : A.stores())
@@ -393,7 +393,7 @@ static std::vector<ReadSink> rdmaBuffers(const TuAnalysis &A,
     SlotKey Key = SlotKey::of(R, S.Fn);
     std::vector<const FieldStore *> Lists;
     for (const auto &[List, ListR] : ListsByKey[Key])
-      if (Key.isShared() || (List->Fn == S.Fn && ListR == R))
+      if (A.sameResolvedStorage(R, S.Fn, Key, ListR, List->Fn, Key))
         Lists.push_back(List);
     preferLocal(Lists, S.Fn);
     for (const OpcodeContext &Ctx : Contexts) {
