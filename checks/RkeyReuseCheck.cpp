@@ -58,39 +58,41 @@ static bool isIncrementedKey(const TuAnalysis &A, const FunctionDecl *Fn,
   return L && incrementedAt(A, Fn, A.flow(Fn).resolve(*L), E, Depth);
 }
 
+/// Does the call \p Call in \p Caller pass a new key for \p L, the
+/// parameter at \p Index of the callee (or a field reached through it)?
+/// A caller that calls in a loop must make the key in that loop: one
+/// computed before it is the same key for every iteration
+/// (`key = ibv_inc_rkey(..); for (..) bind(x, key);`).
+static bool passesNewKey(const TuAnalysis &A, const CallExpr *Call,
+                         const FunctionDecl *Caller, unsigned Index,
+                         const Location &L, unsigned Depth) {
+  if (Index >= Call->getNumArgs())
+    return false;
+  const Expr *Arg = stripExpr(Call->getArg(Index));
+  if (L.Steps.empty() && isa<CallExpr>(Arg))
+    return isIncrementedKey(A, Caller, Arg, Depth + 1);
+  if (const auto *UO = dyn_cast<UnaryOperator>(Arg); UO && UO->getOpcode() == UO_AddrOf)
+    Arg = stripExpr(UO->getSubExpr());
+  std::optional<Location> Outer = locationOf(Arg);
+  if (!Outer)
+    return false;
+  Outer->Steps.append(L.Steps.begin(), L.Steps.end());
+  const Stmt *Loop = enclosingLoop(A.flow(Caller).parents(), Call);
+  return incrementedAt(A, Caller, A.flow(Caller).resolve(*Outer), Call, Depth + 1, Loop);
+}
+
 /// \p L (a parameter, or a field reached through one) holds a new key when
-/// \p Fn starts: every caller in the unit passes one. A caller that calls
-/// in a loop must make the key in that loop: one computed before it is the
-/// same key for every iteration (`key = ibv_inc_rkey(..); for (..) bind(x, key);`).
+/// \p Fn starts: every caller in the unit passes one.
 static bool newKeyFromCallers(const TuAnalysis &A, const FunctionDecl *Fn,
                               const Location &L, unsigned Depth) {
   const auto *P = dyn_cast_or_null<ParmVarDecl>(L.Root);
   if (!P)
     return false;
-  unsigned Index = P->getFunctionScopeIndex();
   auto Callers = A.callersOf(Fn);
-  if (Callers.empty())
-    return false;
-  for (const auto &[Call, Caller] : Callers) {
-    if (Caller == Fn || Index >= Call->getNumArgs())
-      return false;
-    const Expr *Arg = stripExpr(Call->getArg(Index));
-    if (L.Steps.empty() && isa<CallExpr>(Arg)) {
-      if (!isIncrementedKey(A, Caller, Arg, Depth + 1))
-        return false;
-      continue;
-    }
-    if (const auto *UO = dyn_cast<UnaryOperator>(Arg); UO && UO->getOpcode() == UO_AddrOf)
-      Arg = stripExpr(UO->getSubExpr());
-    std::optional<Location> Outer = locationOf(Arg);
-    if (!Outer)
-      return false;
-    Outer->Steps.append(L.Steps.begin(), L.Steps.end());
-    const Stmt *Loop = enclosingLoop(A.flow(Caller).parents(), Call);
-    if (!incrementedAt(A, Caller, A.flow(Caller).resolve(*Outer), Call, Depth + 1, Loop))
-      return false;
-  }
-  return true;
+  return !Callers.empty() && llvm::all_of(Callers, [&](const auto &CC) {
+    return CC.second != Fn &&
+           passesNewKey(A, CC.first, CC.second, P->getFunctionScopeIndex(), L, Depth);
+  });
 }
 
 /// Is \p S inside \p Outer?
@@ -238,6 +240,42 @@ static std::optional<std::string> rotationGap(const TuAnalysis &A,
   return std::nullopt;
 }
 
+/// \p Key, read at \p At in \p Fn, is the value of one of \p Fn's
+/// parameters as the call passed it: reports each call in the unit that
+/// passes a key that is not new, at its argument (through \p Depth more
+/// helpers that pass their own parameter on), with a note at \p Bound, the
+/// bind's key. False when \p Fn's callers
+/// are not all in view, so the bind itself is judged.
+bool RkeyReuseCheck::reportAtCallers(const TuAnalysis &A, const FunctionDecl *Fn,
+                                     const Expr *Key, const Stmt *At,
+                                     const Expr *Bound, unsigned Depth) {
+  std::optional<Location> L = locationOf(stripExpr(Key));
+  const auto *P = L && L->Steps.empty() ? dyn_cast_or_null<ParmVarDecl>(L->Root) : nullptr;
+  if (!P || Depth > 2)
+    return false;
+  auto Defs = A.flow(Fn).reaching(*L, At);
+  if (Defs.size() != 1 || Defs.front())
+    return false; // the parameter is assigned before the bind
+  auto Callers = A.callersOf(Fn);
+  if (Callers.empty() || llvm::any_of(Callers, [&](const auto &CC) {
+        return CC.second == Fn || P->getFunctionScopeIndex() >= CC.first->getNumArgs();
+      }))
+    return false;
+  for (const auto &[Call, Caller] : Callers) {
+    if (passesNewKey(A, Call, Caller, P->getFunctionScopeIndex(), *L, 0))
+      continue;
+    const Expr *Arg = Call->getArg(P->getFunctionScopeIndex());
+    if (reportAtCallers(A, Caller, Arg, Call, Bound, Depth + 1))
+      continue;
+    report(A, Arg->getBeginLoc(),
+           "memory window re-bound by '" + Fn->getName().str() +
+               "' with the key passed here, which is not a new one; a peer "
+               "holding the old rkey keeps access to the re-bound memory");
+    note(A, Bound->getBeginLoc(), "the window is bound with that key here");
+  }
+  return true;
+}
+
 void RkeyReuseCheck::checkUnit(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
   std::set<SlotKey> Done;
@@ -314,6 +352,10 @@ void RkeyReuseCheck::checkUnit(const TuAnalysis &A) {
   auto CheckBindKey = [&](const FunctionDecl *Fn, const Expr *Key,
                           const Expr *Mw, const Stmt *At) {
     if (!Key || isIncrementedKey(A, Fn, Key) || freshWindow(A, Fn, Mw, At))
+      return;
+    // A helper that binds with the key its caller passes
+    // (`post_bind(h, f, key, ..)`): each call decides.
+    if (reportAtCallers(A, Fn, Key, At, Key, 0))
       return;
     std::string MwText = sourceText(A.context(), Mw);
     std::string NewKey = fixText(A, FixTemplate::NewWindowKey, "mw", MwText);

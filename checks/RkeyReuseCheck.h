@@ -15,6 +15,11 @@ public:
 protected:
   void checkUnit(const TuAnalysis &A) override;
   bool ulpOnly() const override { return true; }
+
+private:
+  bool reportAtCallers(const TuAnalysis &A, const clang::FunctionDecl *Fn,
+                       const clang::Expr *Key, const clang::Stmt *At,
+                       const clang::Expr *Bound, unsigned Depth);
 };
 
 } // namespace ulplint

@@ -5,6 +5,7 @@
 #include "engine/WorkRequests.h"
 #include "clang/AST/ASTContext.h"
 #include "clang/AST/Decl.h"
+#include <map>
 
 using namespace clang;
 
@@ -271,6 +272,25 @@ void SendQueueUndersizedCheck::reportDrain(const TuAnalysis &A,
   note(A, Drain->getBeginLoc(), "drained here");
 }
 
+/// Do \p X and \p Y count the same, named constants taken at their value
+/// (`conn->depth + OS_EXTRA` with OS_EXTRA 0 is `conn->depth`)?
+static bool sameCount(const Linear &X, const Linear &Y) {
+  auto Folded = [](const Linear &L) {
+    std::map<std::string, int64_t> Terms;
+    int64_t Const = L.Const;
+    for (const LinearTerm &T : L.Terms) {
+      if (T.Value)
+        Const += T.Coef * *T.Value;
+      else
+        Terms[T.Symbol] += T.Coef;
+    }
+    for (auto It = Terms.begin(); It != Terms.end();)
+      It = It->second ? std::next(It) : Terms.erase(It);
+    return std::make_pair(Const, Terms);
+  };
+  return Folded(X) == Folded(Y);
+}
+
 /// ib_drain_qp() / ib_drain_rq() post a receive too: a receive queue
 /// exactly as deep as the receives kept posted has no room for it.
 void SendQueueUndersizedCheck::checkReceiveDrain(const TuAnalysis &A,
@@ -284,9 +304,7 @@ void SendQueueUndersizedCheck::checkReceiveDrain(const TuAnalysis &A,
   std::optional<Linear> Posted = W.postedReceives(Q);
   if (!Size || !Posted || Size->Opaque || Posted->Opaque)
     return;
-  bool Same = Size->str() == Posted->str() ||
-              (Size->value() && Size->value() == Posted->value());
-  if (!Same)
+  if (!sameCount(*Size, *Posted))
     return;
   report(A, Store->second->Spelling->getBeginLoc(),
          "max_recv_wr is " + Size->str() +

@@ -1673,24 +1673,41 @@ const CallExpr *WorkRequests::recvDrain(const QpCreation &Q) const {
   return drainOf(Q, false);
 }
 
+/// The bound of the innermost counting loop (`for (i = 0; i < depth; i++)`)
+/// around \p At in \p Fn, or around a call of \p Fn (a post helper called
+/// from the refill loop), \p Depth helpers up.
+static std::optional<Linear> loopCountAround(const TuAnalysis &A,
+                                             const FunctionDecl *Fn,
+                                             const Stmt *At, unsigned Depth) {
+  const ParentMap &PM = A.flow(Fn).parents();
+  for (const Stmt *P = PM.getParent(At); P; P = PM.getParent(P)) {
+    const auto *FS = dyn_cast<ForStmt>(P);
+    if (!FS || !FS->getCond())
+      continue;
+    const auto *BO = dyn_cast<BinaryOperator>(stripExpr(FS->getCond()));
+    if (!BO || BO->getOpcode() != BO_LT)
+      continue;
+    Linear Bound = evalLinear(A, Fn, BO->getRHS());
+    if (!Bound.Opaque)
+      return Bound;
+  }
+  if (Depth == 0)
+    return std::nullopt;
+  for (const auto &[CE, Caller] : A.callersOf(Fn))
+    if (std::optional<Linear> Bound = loopCountAround(A, Caller, CE, Depth - 1))
+      return Bound;
+  return std::nullopt;
+}
+
 std::optional<Linear> WorkRequests::postedReceives(const QpCreation &Q) const {
-  // The refill loop at setup: `for (i = 0; i < depth; i++) post_recv(...)`.
+  // The refill loop at setup: `for (i = 0; i < depth; i++) post_recv(...)`,
+  // the post directly in it or in a helper it calls.
   for (const ApiCall *C : RecvPosts) {
     SlotKey K = qpKeyOf(A, C->arg(ArgRole::Qp), C->Caller);
     if (creationOf(K) != &Q && !(Creations.size() == 1 && !creationOf(K)))
       continue;
-    const ParentMap &PM = A.flow(C->Caller).parents();
-    for (const Stmt *P = PM.getParent(C->Call); P; P = PM.getParent(P)) {
-      const auto *FS = dyn_cast<ForStmt>(P);
-      if (!FS || !FS->getCond())
-        continue;
-      const auto *BO = dyn_cast<BinaryOperator>(stripExpr(FS->getCond()));
-      if (!BO || BO->getOpcode() != BO_LT)
-        continue;
-      Linear Bound = evalLinear(A, C->Caller, BO->getRHS());
-      if (!Bound.Opaque)
-        return Bound;
-    }
+    if (std::optional<Linear> Bound = loopCountAround(A, C->Caller, C->Call, 2))
+      return Bound;
   }
   return std::nullopt;
 }

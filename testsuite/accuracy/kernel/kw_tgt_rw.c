@@ -187,6 +187,7 @@ static int kwt_create_qp(struct kwt_queue *q)
 	attr.cap.max_send_wr = KWT_MAX_QD * KWT_SQ_PER_CMD + 1;
 	attr.cap.max_rdma_ctxs = KWT_MAX_QD * factor;
 	attr.cap.max_send_sge = 1;
+	/* BUG: rdma-send-queue-undersized -- every command keeps a receive posted (recv_depth of them): the receive ib_drain_qp() posts finds no free entry */
 	attr.cap.max_recv_wr = q->recv_depth;
 	attr.cap.max_recv_sge = 1 + KWT_INLINE_PAGES;	// BUG: rdma-queue-cap-unchecked -- nine receive SGEs, never compared with dev->attrs.max_recv_sge
 

@@ -27,6 +27,7 @@ int objd_create_qp(struct objd_conn *conn)
 	attr.cap.max_rdma_ctxs = conn->depth *
 		rdma_rw_mr_factor(dev, conn->cm_id->port_num, OBJD_MAX_PAGES);
 	attr.cap.max_send_sge = OBJD_MAX_SEND_SGE; /* BUG: rdma-queue-cap-unchecked -- 8 send SGEs, never compared with attrs.max_send_sge */
+	/* BUG: rdma-send-queue-undersized -- conn->depth receives stay posted: ib_drain_qp()'s drain receive finds no free entry */
 	attr.cap.max_recv_wr = conn->depth;
 	attr.cap.max_recv_sge = 1;
 
