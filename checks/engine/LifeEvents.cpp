@@ -172,18 +172,47 @@ KeyTracker::KeyTracker(const TuAnalysis &A) : A(A) {
       continue;
     FieldRole HandleRole =
         Key.Role == FieldRole::BindRkey ? FieldRole::BindMw : FieldRole::RegMr;
-    std::optional<Location> Value = locationOf(Key.Value);
-    if (!Value || Value->Steps.empty())
-      continue;
-    SlotKey Holder = slotOf(A, *Value, Key.Fn);
-    if (!Holder.isShared())
+    std::vector<SlotKey> KeyHolders = holdersOf(Key.Fn, Key.Value, Key.At);
+    if (KeyHolders.empty())
       continue;
     for (const FieldStore &H : A.stores())
       if (H.Role == HandleRole && H.Value &&
           A.sameStorage(H.Object, H.Fn, Key.Object, Key.Fn))
         if (auto L = locationOf(H.Value))
-          Holders.try_emplace(Holder, slotOf(A, *L, H.Fn));
+          for (const SlotKey &Holder : KeyHolders)
+            Holders.try_emplace(Holder, slotOf(A, *L, H.Fn));
   }
+}
+
+/// The shared fields \p Value (read at \p At in \p Fn) takes a key from:
+/// the field itself (`wr.bind_mw.rkey = f->key`), or, for a parameter no
+/// assignment reaches, the fields its callers pass
+/// (`post_bind(c, l, l->rkey, len)`).
+std::vector<SlotKey> KeyTracker::holdersOf(const FunctionDecl *Fn, const Expr *Value,
+                                           const Stmt *At) const {
+  std::optional<Location> L = Value ? locationOf(Value) : std::nullopt;
+  if (!L)
+    return {};
+  if (!L->Steps.empty()) {
+    SlotKey Holder = slotOf(A, *L, Fn);
+    return Holder.isShared() ? std::vector<SlotKey>{Holder} : std::vector<SlotKey>{};
+  }
+  const auto *P = dyn_cast_or_null<ParmVarDecl>(L->Root);
+  auto Defs = P ? A.flow(Fn).reaching(*L, At) : decltype(A.flow(Fn).reaching(*L, At)){};
+  if (Defs.size() != 1 || Defs.front())
+    return {};
+  std::vector<SlotKey> Out;
+  for (const auto &[Call, Caller] : A.callersOf(Fn)) {
+    if (P->getFunctionScopeIndex() >= Call->getNumArgs())
+      continue;
+    std::optional<Location> Arg = locationOf(Call->getArg(P->getFunctionScopeIndex()));
+    if (!Arg || Arg->Steps.empty())
+      continue;
+    SlotKey Holder = slotOf(A, *Arg, Caller);
+    if (Holder.isShared() && !llvm::is_contained(Out, Holder))
+      Out.push_back(Holder);
+  }
+  return Out;
 }
 
 std::optional<SlotKey> KeyTracker::keySlot(const FunctionDecl *Fn, const Expr *E,
@@ -258,9 +287,13 @@ public:
       : L(L), A(L.A), W(WorkRequests::of(L.A)), Fields(L.A), Keys(L.A) {
     for (const ApiCall &C : A.calls())
       CallModel[C.Call] = &C;
-    for (const PostSite &P : W.posts())
+    for (const PostSite &P : W.posts()) {
       if (P.Call)
         Posts[P.Call->Call] = &P;
+      for (const PostSite::Alternative &Alt : P.Alternatives)
+        if (Alt.Via)
+          HandedToPost[Alt.Via].push_back(&Alt);
+    }
   }
 
   /// First pass: the memory behind each handle (ibv_reg_mr's addr, the sg
@@ -375,6 +408,12 @@ private:
 
   void visit(const FunctionDecl *Fn, const Stmt *S) {
     if (const auto *CE = dyn_cast<CallExpr>(S)) {
+      // A chain built here and posted by the helper called: its effects
+      // happen at this call, before the helper's own (its wait).
+      auto Handed = HandedToPost.find(CE);
+      if (Handed != HandedToPost.end())
+        for (const PostSite::Alternative *Alt : Handed->second)
+          posted(Fn, CE, Alt->Chain);
       auto Model = CallModel.find(CE);
       if (Model != CallModel.end())
         modelled(Fn, *Model->second);
@@ -1449,11 +1488,18 @@ private:
     return Keys.soleHandleNextTo(Fn, Key);
   }
 
-  /// The handles a post registers for remote access or invalidates.
+  /// The handles a post registers for remote access or invalidates: the
+  /// chains built in the posting function; a helper's callers' chains are
+  /// theirs, at their call.
   void posted(const FunctionDecl *Fn, const PostSite &P) {
-    const Stmt *S = P.Call->Call;
+    for (const PostSite::Alternative &Alt : P.Alternatives)
+      if (!Alt.Via)
+        posted(Fn, P.Call->Call, Alt.Chain);
+  }
+
+  void posted(const FunctionDecl *Fn, const Stmt *S, llvm::ArrayRef<WrSlot> Chain) {
     SourceLocation Loc = S->getBeginLoc();
-    for (const WrSlot &W : P.Chain) {
+    for (const WrSlot &W : Chain) {
       if (W.mayBe(Opcode::RegMr)) {
         bool Grants = grantsRemote(slotStores(A, W, FieldRole::Access));
         if (Grants)
@@ -1483,6 +1529,9 @@ private:
   const WorkRequests &W;
   llvm::DenseMap<const CallExpr *, const ApiCall *> CallModel;
   llvm::DenseMap<const CallExpr *, const PostSite *> Posts;
+  /// Helper calls that hand a chain built in the caller to a post.
+  llvm::DenseMap<const CallExpr *, std::vector<const PostSite::Alternative *>>
+      HandedToPost;
   /// Memory behind a handle.
   struct Buffer {
     Location Memory;

@@ -83,6 +83,10 @@ public:
                                           const clang::Expr *E) const;
 
 private:
+  std::vector<SlotKey> holdersOf(const clang::FunctionDecl *Fn,
+                                 const clang::Expr *Value,
+                                 const clang::Stmt *At) const;
+
   const TuAnalysis &A;
   /// `x->f = mr->rkey` anywhere in the unit makes x->f a holder of mr's key.
   std::map<SlotKey, SlotKey> Holders;

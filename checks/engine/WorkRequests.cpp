@@ -1346,6 +1346,21 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
           std::vector<Node> Chain = Root.TailChain
                                         ? *Root.TailChain
                                         : Chains.follow(Root, T, {}, 0);
+          PostSite::Alternative &Alt = P.Alternatives.emplace_back();
+          // The outermost binding: a call from a caller of the posting
+          // function (not a builder the posting function calls itself).
+          const Frame *Top = Root.Ctx.empty() ? nullptr : Root.Ctx.front();
+          while (Top && Top->Up)
+            Top = Top->Up;
+          if (Top && Top->Caller != P.Fn) {
+            Alt.Via = Top->Call;
+            Alt.ViaFn = Top->Caller;
+          }
+          for (const Node &N : Chain) {
+            WrSlot S = N.S;
+            Chains.signalAtPost(S, P);
+            Alt.Chain.push_back(std::move(S));
+          }
           if (ChainBuilder::entries(Chain) > ChainBuilder::entries(Best))
             Best = std::move(Chain);
         }

@@ -70,6 +70,16 @@ struct PostSite {
   const clang::Expr *Qp = nullptr;
   /// The longest chain among the alternatives the code allows.
   std::vector<WrSlot> Chain;
+  /// Every chain the post may submit. A post helper's callers each hand it
+  /// their own (`brk_post(c, &wr)` after building a BIND_MW, a LOCAL_INV or
+  /// a SEND): Via is the call through which the function that built the
+  /// chain reached this post (null: built in the posting function).
+  struct Alternative {
+    std::vector<WrSlot> Chain;
+    const clang::CallExpr *Via = nullptr;
+    const clang::FunctionDecl *ViaFn = nullptr;
+  };
+  std::vector<Alternative> Alternatives;
   bool Complete = true;     // every link of the chain was resolved
   bool CoreManaged = false; // rdma_rw / regcore post their own WRs here
   bool CoreSignals = false; // ... and signal the last one (cqe given)
