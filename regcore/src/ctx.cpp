@@ -122,24 +122,39 @@ void dereg_own_mrs(Ctx *ctx) {
 // ------------------------------------------------------------ building
 
 // Runs of one I/O usually share a registration: a run inside the entry the
-// previous run found uses it again (one more use of the same memo slot).
+// previous run found through the QP memo uses it again. The context holds
+// one use of the memo slot per entry, not per run; hits still count per run.
 int resolve_lkeys(Ctx *ctx) {
   QpState *qs = ctx->qp;
-  const RunRef *last = nullptr;
-  for (ibv_sge &r : ctx->runs) {
-    if (r.lkey) continue;  // the ULP registered it itself
+  ibv_sge *r = ctx->runs.data(), *end = r + ctx->runs.size();
+  uintptr_t lo = 1, hi = 0;  // the reusable entry's range: none yet
+  uint32_t lkey = 0;
+  uint64_t reused = 0;
+  for (; r != end; r++) {
+    if (r->lkey) continue;  // the ULP registered it itself
+    uintptr_t a = static_cast<uintptr_t>(r->addr);
+    if (lo <= a && a + r->length <= hi) {
+      r->lkey = lkey;
+      reused++;
+      continue;
+    }
     RunRef ref;
-    if (last && last->slot >= 0 && last->e->start <= r.addr && r.addr + r.length <= last->e->end) {
-      ref = *last;
-      qs->memo[ref.slot].inflight++;
-      qs->stats.cache_hits++;
-    } else if (int err = qp_cache_get(qs, r.addr, r.length, qs->dom->internal_access, &ref)) {
+    if (int err = qp_cache_get(qs, a, r->length, qs->dom->internal_access, &ref)) {
+      qs->stats.cache_hits += reused;
       return err;
     }
     ctx->refs.push_back(ref);
-    last = &ctx->refs.back();
-    r.lkey = ref.e->pub.lkey;
+    lkey = ref.e->pub.lkey;
+    r->lkey = lkey;
+    if (ref.slot >= 0) {  // reusable by the next runs
+      lo = ref.e->start;
+      hi = ref.e->end;
+    } else {
+      lo = 1;
+      hi = 0;
+    }
   }
+  qs->stats.cache_hits += reused;
   return 0;
 }
 

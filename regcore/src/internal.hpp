@@ -585,23 +585,35 @@ void qp_cache_put(QpState *qs, RunRef r);
 void memo_clear(QpState *qs);
 
 // Coalesces adjacent SGEs (same lkey, or both lkey 0) and drops empty ones.
+// The run being grown stays in registers and is stored once complete: no
+// read back of the element just written (a store-forwarding stall per SGE
+// on current cores) and no size/capacity check per element.
 template <typename Vec>
 void coalesce(const ibv_sge *sgl, unsigned nsge, Vec &runs, uint64_t *bytes) {
-  runs.clear();
+  runs.resize(nsge);
+  ibv_sge *out = runs.data();
+  uint32_t n = 0;
   uint64_t total = 0;
-  for (unsigned i = 0; i < nsge; i++) {
-    if (sgl[i].length == 0) continue;
-    total += sgl[i].length;
-    if (!runs.empty()) {
-      ibv_sge &last = runs.back();
-      if (last.lkey == sgl[i].lkey && last.addr + last.length == sgl[i].addr &&
-          static_cast<uint64_t>(last.length) + sgl[i].length <= UINT32_MAX) {
-        last.length += sgl[i].length;
+  unsigned i = 0;
+  while (i < nsge && sgl[i].length == 0) i++;
+  if (i < nsge) {
+    ibv_sge cur = sgl[i];
+    total = cur.length;
+    for (i++; i < nsge; i++) {
+      const ibv_sge s = sgl[i];
+      if (s.length == 0) continue;
+      total += s.length;
+      if (cur.lkey == s.lkey && cur.addr + cur.length == s.addr &&
+          static_cast<uint64_t>(cur.length) + s.length <= UINT32_MAX) {
+        cur.length += s.length;
         continue;
       }
+      out[n++] = cur;
+      cur = s;
     }
-    runs.push_back(sgl[i]);
+    out[n++] = cur;
   }
+  runs.resize(n);
   *bytes = total;
 }
 
