@@ -475,17 +475,6 @@ void maybe_recycle(Ctx *ctx) {
 
 // ------------------------------------------------------------ chain FIFO
 
-void fifo_append(QpState *qs, Chain *c) {
-  c->state = Chain::kPosted;
-  c->prev = qs->tail;
-  c->next = nullptr;
-  if (qs->tail)
-    qs->tail->next = c;
-  else
-    qs->head = c;
-  qs->tail = c;
-}
-
 // The send queue completes in order: a completion for c retires c and every
 // chain posted before it on the same QP, including orphans of a partial post.
 void retire_through(Chain *c) {

@@ -48,12 +48,13 @@ int memo_install(QpState *qs, Entry *e) {
 // repeated lookup costs a few compares: no cache lock, no shared counter.
 // Only where idle entries may be kept (the monitor drops them when their
 // memory goes); pending memory events are applied first.
-int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out) {
+//
+// The memo hit is inline in the post path and hands back the entry and its
+// slot in registers; the rest (retiring slots, the cache) is out of line.
+namespace {
+
+int qp_cache_get_slow(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out) {
   Cache &cache = qs->core->cache;
-  access = normalize_access(access);
-  // Slots are only filled while the monitor runs; events it reported (and a
-  // fork, which stops it) unindex their entries before they are trusted.
-  cache.sync();
   uintptr_t end = addr + len;
   for (int i = 0; i < QpState::kMemo; i++) {
     MemoSlot &m = qs->memo[i];
@@ -75,6 +76,32 @@ int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRe
   *out = {e, static_cast<int8_t>(cache.caching_idle() ? memo_install(qs, e) : -1)};
   return 0;
 }
+
+inline int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out) {
+  access = normalize_access(access);
+  // Slots are only filled while the monitor runs; events it reported (and a
+  // fork, which stops it) unindex their entries before they are trusted.
+  qs->core->cache.sync();
+  uintptr_t end = addr + len;
+  uint16_t dom = qs->dom->index;
+  for (int i = 0; i < QpState::kMemo; i++) {
+    MemoSlot &m = qs->memo[i];
+    Entry *e = m.e;
+    if (!e || m.retiring || e->start > addr || end > e->end || (e->pub.access & access) != access ||
+        e->domain != dom)
+      continue;
+    if (!indexed(e)) break;  // retired by the slow path
+    m.inflight++;
+    m.last = ++qs->memo_tick;
+    qs->stats.cache_hits++;
+    out->e = e;
+    out->slot = static_cast<int8_t>(i);
+    return 0;
+  }
+  return qp_cache_get_slow(qs, addr, len, access, out);
+}
+
+}  // namespace
 
 void qp_cache_put(QpState *qs, RunRef r) {
   if (r.slot < 0) {
@@ -270,7 +297,10 @@ ibv_send_wr *last_of(ibv_send_wr *wr) {
 
 // Posts wrs[0..n) unsignaled, then chain_wr. The chain's last WR (ours, or
 // the ULP's) carries the chain's final tag; the ULP's wr_id is restored.
-PostResult post_chain(QpState *qs, Chain &c, ibv_send_wr *wrs, size_t n, ibv_send_wr *chain_wr) {
+// Inline: its result stays in registers (returned through memory it was
+// a store-forwarding stall on every post).
+[[gnu::always_inline]] inline PostResult post_chain(QpState *qs, Chain &c, ibv_send_wr *wrs, size_t n,
+                                                    ibv_send_wr *chain_wr) {
   for (size_t i = 0; i < n; i++) {
     wrs[i].wr_id = c.tag(kRoleUnsignaled);
     wrs[i].send_flags &= ~static_cast<unsigned>(IBV_SEND_SIGNALED);
@@ -299,18 +329,14 @@ PostResult post_chain(QpState *qs, Chain &c, ibv_send_wr *wrs, size_t n, ibv_sen
   return r;
 }
 
-// Accounts for a post: credits, the FIFO, and the partial-post rule.
-int finish_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r, uint32_t credits) {
-  if (r.err && !r.any_posted) return fail(r.err, "ibv_post_send: %s (nothing posted)", strerror(r.err));
+// A post the provider refused in part or in whole (cold).
+[[gnu::noinline]] int finish_failed_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r, uint32_t credits) {
+  if (!r.any_posted) return fail(r.err, "ibv_post_send: %s (nothing posted)", strerror(r.err));
   c.credits = credits;
   qs->credits -= credits;
   c.wr_posted = r.internal_posted;
-  c.has_final = r.err == 0;
+  c.has_final = false;
   fifo_append(qs, &c);
-  if (r.err == 0) {
-    ctx->life = Ctx::kPosted;
-    return 0;
-  }
   // Part of the chain is in the send queue without a signaled WR: move the
   // QP to error so that it flushes and those WRs complete.
   ctx->life = Ctx::kFailedPost;
@@ -320,6 +346,19 @@ int finish_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r, uint32_t c
   if (c.wr_posted == 0) retire_through(&c);
   return fail(r.err, "ibv_post_send accepted part of the chain (%s); QP moved to error",
               strerror(r.err));
+}
+
+// Accounts for a post: credits, the FIFO, and the partial-post rule.
+[[gnu::always_inline]] inline int finish_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r,
+                                              uint32_t credits) {
+  if (r.err) return finish_failed_post(ctx, qs, c, r, credits);
+  c.credits = credits;
+  qs->credits -= credits;
+  c.wr_posted = r.internal_posted;
+  c.has_final = true;
+  fifo_append(qs, &c);
+  ctx->life = Ctx::kPosted;
+  return 0;
 }
 
 #if REGCORE_HAVE_MLX5DV
@@ -629,7 +668,7 @@ int regcore_rw_ctx_post(struct regcore_rw_ctx *handle, struct ibv_qp *qp, uint64
   if (ctx->kind != Ctx::kRw || ctx->ulp_done || ctx->life != Ctx::kInit)
     return fail(EINVAL, "regcore_rw_ctx_post: context not initialized or already posted");
   bool indirect = ctx->strategy == REGCORE_RW_INDIRECT;
-  if (int err = check_chain_wr(chain_wr, indirect)) return err;
+  if (chain_wr) if (int err = check_chain_wr(chain_wr, indirect)) return err;
   if (!take_credits(qs, ctx->nwr)) return -EAGAIN;
   Chain &c = ctx->chains[0];
   c.reset();
@@ -833,7 +872,7 @@ int regcore_reg_ctx_post(struct regcore_reg_ctx *handle, struct ibv_send_wr *cha
   if (ctx->kind != Ctx::kReg || ctx->ulp_done || ctx->life != Ctx::kInit)
     return fail(EINVAL, "regcore_reg_ctx_post: context not initialized or already posted");
   bool umr = ctx->reg_strategy == REGCORE_REG_INDIRECT;
-  if (int err = check_chain_wr(chain_wr, umr)) return err;
+  if (chain_wr) if (int err = check_chain_wr(chain_wr, umr)) return err;
   if (staged_reg(ctx) && (ctx->remote_access & IBV_ACCESS_REMOTE_READ)) stage_copy(ctx, true);
   bool mw = ctx->mw != nullptr;
   if (!mw && !umr && !chain_wr) {

@@ -557,7 +557,16 @@ struct Core {
 QpState *find_qp(Core *core, ibv_qp *qp);
 Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind);
 void maybe_recycle(Ctx *ctx);
-void fifo_append(QpState *qs, Chain *c);
+inline void fifo_append(QpState *qs, Chain *c) {
+  c->state = Chain::kPosted;
+  c->prev = qs->tail;
+  c->next = nullptr;
+  if (qs->tail)
+    qs->tail->next = c;
+  else
+    qs->head = c;
+  qs->tail = c;
+}
 void retire_through(Chain *c);
 int acquire_mw(QpState *qs, MwRec **out);
 void release_mw(Ctx *ctx, MwRec *mw, bool kill);
@@ -579,8 +588,8 @@ void kill_reg_key_sync(Ctx *ctx);
 void finish_reg_release(Ctx *ctx, bool from_completion, std::vector<DueCallback> &due);
 void rw_release_resources(Ctx *ctx);
 void reg_release_resources(Ctx *ctx);
-// Cache lookups for a QP's I/O: through its memo when idle entries are kept.
-int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out);
+// Cache lookups for a QP's I/O: through its memo when idle entries are kept
+// (qp_cache_get, in ctx.cpp).
 void qp_cache_put(QpState *qs, RunRef r);
 void memo_clear(QpState *qs);
 
@@ -617,8 +626,11 @@ void coalesce(const ibv_sge *sgl, unsigned nsge, Vec &runs, uint64_t *bytes) {
   *bytes = total;
 }
 
-// cache.cpp
-unsigned normalize_access(unsigned access);
+// Remote write and atomic access need local write (verbs' rule).
+inline unsigned normalize_access(unsigned access) {
+  if (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) access |= IBV_ACCESS_LOCAL_WRITE;
+  return access;
+}
 
 // The decision table (regcore_policy_decide), inline for the post path.
 inline regcore_rw_strategy decide(const regcore_policy &policy, regcore_dir dir, unsigned runs, uint64_t bytes,
