@@ -393,19 +393,28 @@ void release_stage(Ctx *ctx, StageRec *st, bool bounce) {
 
 // Chains are reset when posted, runs/wrs/wr_sges refilled by init, and
 // resources emptied when the context was recycled; rw fields are set by
-// every rw init. What remains is the state a reg context reads.
+// every rw init. A recycled context has no callback owed or running, no
+// reserved credits and no chain posted (maybe_recycle waits for all of
+// them). What remains is the state a context's calls read before setting
+// it; clear_reg() adds what only reg contexts read, so that an rw I/O does
+// not touch the reg fields' cache line.
 void Ctx::clear_for_reuse() {
   life = kInit;
   ulp_done = false;
-  chains[0].state = chains[1].state = Chain::kIdle;
-  chains[0].status = chains[1].status = IBV_WC_SUCCESS;
-  nwr = reserved_credits = 0;
   key = kNoKey;
+  cb_owed = cb_running = false;  // the header's line: as cheap as checking
+  chains[0].state = Chain::kIdle;
+  chains[0].status = IBV_WC_SUCCESS;
+  nwr = reserved_credits = 0;
+}
+
+void Ctx::clear_reg() {
+  chains[1].state = Chain::kIdle;
+  chains[1].status = IBV_WC_SUCCESS;
   reg_rkey = 0;
   reg_addr = 0;
   reg_len = 0;
   remote_access = 0;
-  cb_owed = cb_running = false;
   cb = nullptr;
   cb_arg = nullptr;
 }
@@ -438,6 +447,7 @@ Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind) {
     return nullptr;
   }
   ctx->clear_for_reuse();
+  if (kind == Ctx::kReg) ctx->clear_reg();
   ctx->kind = kind;
   ctx->qp = qs;
   ctx->dom = qs->dom;

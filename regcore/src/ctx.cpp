@@ -77,7 +77,8 @@ int qp_cache_get_slow(QpState *qs, uintptr_t addr, size_t len, unsigned access, 
   return 0;
 }
 
-inline int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out) {
+[[gnu::always_inline]] inline int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access,
+                                               RunRef *out) {
   access = normalize_access(access);
   // Slots are only filled while the monitor runs; events it reported (and a
   // fork, which stops it) unindex their entries before they are trusted.

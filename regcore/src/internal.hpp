@@ -383,15 +383,21 @@ struct RunRef {
 
 using SgeVec = SmallVec<ibv_sge, 4>;
 
-// Fields the post path touches come first, close together.
-struct Ctx {
-  enum Kind { kFree, kRw, kReg };
-  enum Life { kInit, kPosted, kCompleted, kFailedPost };
-  enum Key { kNoKey, kKeyLive, kKeyDead };
+// Fields the post path touches come first, close together: an rw I/O
+// touches the first seven cache lines (header, chains[0], runs, refs, one
+// WR); what only reg contexts and teardown use comes after. Cache-line
+// aligned so that this holds for every context of the pool.
+struct alignas(64) Ctx {
+  enum Kind : uint8_t { kFree, kRw, kReg };
+  enum Life : uint8_t { kInit, kPosted, kCompleted, kFailedPost };
+  enum Key : uint8_t { kNoKey, kKeyLive, kKeyDead };
 
   Kind kind = kFree;
   Life life = kInit;
   bool ulp_done = false;  // destroy/release called
+  Key key = kNoKey;       // reg: the remote key's state
+  bool cb_owed = false;   // reg: release returned -EINPROGRESS; the callback is due
+  bool cb_running = false;  // callback handed out, recycling waits for it
   regcore_dir dir = REGCORE_DIR_READ;
   regcore_rw_strategy strategy = REGCORE_RW_SINGLE_WR;
   uint32_t nwr = 0;       // regcore WRs of chains[0]
@@ -404,7 +410,7 @@ struct Ctx {
   Domain *dom = nullptr;
   Chain chains[2];        // [0] the context's post, [1] reg: LOCAL_INV
   SgeVec runs;            // coalesced ULP SGEs with lkeys resolved
-  SmallVec<RunRef, 4> refs;
+  SmallVec<RunRef, 4> refs;  // one per cache entry the runs use
   SmallVec<ibv_send_wr, 1> wrs;
 
   // resources, released when the context is recycled
@@ -416,17 +422,15 @@ struct Ctx {
 
   // reg
   regcore_reg_strategy reg_strategy = REGCORE_REG_MW;
-  Key key = kNoKey;
   uint32_t reg_rkey = 0;
   uint64_t reg_addr = 0;  // what the peer uses: a VA, or 0 for zero-based keys
   size_t reg_len = 0;
   unsigned remote_access = 0;
-  bool cb_owed = false;  // release returned -EINPROGRESS; the callback is due
-  bool cb_running = false;  // callback handed out, recycling waits for it
   regcore_release_cb cb = nullptr;
   void *cb_arg = nullptr;
 
   void clear_for_reuse();
+  void clear_reg();
 };
 
 // A release callback to run once no lock is held.
