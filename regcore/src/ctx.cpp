@@ -489,8 +489,9 @@ int post_local_inv(Ctx *ctx) {
   QpState *qs = ctx->qp;
   Chain &c = ctx->chains[1];
   c.reset();
-  ctx->wrs.assign(1, ibv_send_wr{});
+  ctx->wrs.resize(1);
   ibv_send_wr &wr = ctx->wrs[0];
+  memset(&wr, 0, sizeof wr);
   wr.opcode = IBV_WR_LOCAL_INV;
   wr.invalidate_rkey = ctx->reg_rkey;
   PostResult r = post_chain(qs, c, &wr, 1, nullptr);
@@ -730,8 +731,9 @@ static int reg_bind_window(Ctx *ctx, ibv_mr *mr, uintptr_t addr, size_t len) {
   ctx->mw->rkey = ibv_inc_rkey(ctx->mw->rkey);  // a fresh key on every reuse
   ctx->reg_rkey = ctx->mw->rkey;
   ctx->reg_addr = addr;
-  ctx->wrs.assign(1, ibv_send_wr{});
+  ctx->wrs.resize(1);
   ibv_send_wr &wr = ctx->wrs[0];
+  memset(&wr, 0, sizeof wr);
   wr.opcode = IBV_WR_BIND_MW;
   wr.bind_mw.mw = ctx->mw->mw;
   wr.bind_mw.rkey = ctx->reg_rkey;

@@ -459,12 +459,13 @@ struct Domain {
 };
 
 // Per-QP counters, summed by regcore_get_stats.
+// The ones every I/O and completion bumps come first.
 struct Counters {
+  uint64_t cache_hits = 0;
   uint64_t rw_ctxs[6] = {}, reg_ctxs[5] = {};
   uint64_t internal_wcs = 0, ulp_wcs = 0;
   uint64_t remote_inv_matched = 0, remote_inv_mismatched = 0;
   uint64_t local_invs = 0, sync_invalidations = 0, partial_posts = 0, eagain = 0;
-  uint64_t cache_hits = 0;
   void add_to(regcore_stats &st) const;
   void add(const Counters &o);
 };
@@ -478,7 +479,9 @@ struct MemoSlot {
   uint64_t last = 0;
 };
 
-struct QpState {
+// The state the post path uses comes first (lock, policy, credits, FIFO,
+// free contexts, memo, counters); cache-line aligned.
+struct alignas(64) QpState {
   SpinLock mu;
   Core *core = nullptr;
   Domain *dom = nullptr;
@@ -492,13 +495,13 @@ struct QpState {
   uint32_t credits = 0;  // free send-queue WRs of regcore's share
   bool error = false;    // an error completion or failed post was seen
   Chain *head = nullptr, *tail = nullptr;
-  std::vector<Ctx *> owned;  // contexts assigned to this QP
   std::vector<Ctx *> free_ctxs;
   static constexpr int kMemo = 4;
   MemoSlot memo[kMemo];
   uint64_t memo_tick = 0;
-  Pools pool;
   Counters stats;
+  Pools pool;
+  std::vector<Ctx *> owned;  // contexts assigned to this QP
 };
 
 // Lock-free map from ibv_qp to its state: lookups on every context init.
