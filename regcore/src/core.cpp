@@ -149,24 +149,6 @@ void QpTable::init(size_t max_qps) {
   }
 }
 
-size_t QpTable::slot(const ibv_qp *qp) const {
-  auto h = reinterpret_cast<uintptr_t>(qp);
-  h ^= h >> 17;
-  h *= 0x9e3779b97f4a7c15ull;
-  return static_cast<size_t>(h >> 20) & (cap_ - 1);
-}
-
-// Tombstones keep probe chains intact: a key stays once inserted and only
-// its value goes back to null.
-QpState *QpTable::find(const ibv_qp *qp) const {
-  for (size_t i = slot(qp), n = 0; n < cap_; i = (i + 1) & (cap_ - 1), n++) {
-    const ibv_qp *k = keys_[i].load(std::memory_order_acquire);
-    if (!k) return nullptr;
-    if (k == qp) return vals_[i].load(std::memory_order_acquire);
-  }
-  return nullptr;
-}
-
 void QpTable::insert(QpState *qs) {
   size_t target = cap_;
   for (size_t i = slot(qs->qp), n = 0; n < cap_; i = (i + 1) & (cap_ - 1), n++) {
@@ -201,7 +183,6 @@ void QpTable::erase(const ibv_qp *qp) {
   }
 }
 
-QpState *find_qp(Core *core, ibv_qp *qp) { return core->qps.find(qp); }
 
 Domain *Core::domain_of(const ibv_pd *pd) const {
   unsigned n = ndomains.load(std::memory_order_acquire);
@@ -398,16 +379,6 @@ void release_stage(Ctx *ctx, StageRec *st, bool bounce) {
 // them). What remains is the state a context's calls read before setting
 // it; clear_reg() adds what only reg contexts read, so that an rw I/O does
 // not touch the reg fields' cache line.
-void Ctx::clear_for_reuse() {
-  life = kInit;
-  ulp_done = false;
-  key = kNoKey;
-  cb_owed = cb_running = false;  // the header's line: as cheap as checking
-  chains[0].state = Chain::kIdle;
-  chains[0].status = IBV_WC_SUCCESS;
-  nwr = reserved_credits = 0;
-}
-
 void Ctx::clear_reg() {
   chains[1].state = Chain::kIdle;
   chains[1].status = IBV_WC_SUCCESS;
@@ -433,7 +404,8 @@ void unlock_ctx(Ctx *ctx) {
     ctx->core->mu.unlock();
 }
 
-Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind) {
+// ctx_alloc() without a context in the QP's free list, or over budget.
+Ctx *ctx_alloc_slow(QpState *qs, Ctx::Kind kind) {
   Ctx *ctx = qs->ctxs < qs->max_ctxs ? pop(qs->free_ctxs) : nullptr;
   if (!ctx && qs->ctxs < qs->max_ctxs) {
     // Contexts of destroyed QPs that were still alive when this QP was made.
@@ -446,14 +418,7 @@ Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind) {
     fail(EAGAIN, "context budget exhausted: %u of %u in use on this QP", qs->ctxs, qs->max_ctxs);
     return nullptr;
   }
-  ctx->clear_for_reuse();
-  if (kind == Ctx::kReg) ctx->clear_reg();
-  ctx->kind = kind;
-  ctx->qp = qs;
-  ctx->dom = qs->dom;
-  ctx->chains[0].qp.store(qs, std::memory_order_relaxed);
-  ctx->chains[1].qp.store(qs, std::memory_order_relaxed);
-  qs->ctxs++;
+  ctx_setup(ctx, qs, kind);
   return ctx;
 }
 

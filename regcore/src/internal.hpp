@@ -560,9 +560,64 @@ struct Core {
   Domain *domain_of(const ibv_pd *pd) const;
 };
 
+// ------------------------------------------- inline parts of core.cpp
+
+inline size_t QpTable::slot(const ibv_qp *qp) const {
+  auto h = reinterpret_cast<uintptr_t>(qp);
+  h ^= h >> 17;
+  h *= 0x9e3779b97f4a7c15ull;
+  return static_cast<size_t>(h >> 20) & (cap_ - 1);
+}
+
+// Tombstones keep probe chains intact: a key stays once inserted and only
+// its value goes back to null.
+inline QpState *QpTable::find(const ibv_qp *qp) const {
+  for (size_t i = slot(qp), n = 0; n < cap_; i = (i + 1) & (cap_ - 1), n++) {
+    const ibv_qp *k = keys_[i].load(std::memory_order_acquire);
+    if (!k) return nullptr;
+    if (k == qp) return vals_[i].load(std::memory_order_acquire);
+  }
+  return nullptr;
+}
+
+inline QpState *find_qp(Core *core, ibv_qp *qp) { return core->qps.find(qp); }
+
+// Chains are reset when posted, runs/wrs/wr_sges refilled by init, and
+// resources emptied when the context was recycled (see core.cpp).
+inline void Ctx::clear_for_reuse() {
+  life = kInit;
+  ulp_done = false;
+  key = kNoKey;
+  cb_owed = cb_running = false;  // the header's line: as cheap as checking
+  chains[0].state = Chain::kIdle;
+  chains[0].status = IBV_WC_SUCCESS;
+  nwr = reserved_credits = 0;
+}
+
+inline void ctx_setup(Ctx *ctx, QpState *qs, Ctx::Kind kind) {
+  ctx->clear_for_reuse();
+  if (kind == Ctx::kReg) ctx->clear_reg();
+  ctx->kind = kind;
+  ctx->qp = qs;
+  ctx->dom = qs->dom;
+  ctx->chains[0].qp.store(qs, std::memory_order_relaxed);
+  ctx->chains[1].qp.store(qs, std::memory_order_relaxed);
+  qs->ctxs++;
+}
+
+Ctx *ctx_alloc_slow(QpState *qs, Ctx::Kind kind);
+
+// A context of the QP's budget, or nullptr (-EAGAIN recorded). The QP's
+// lock is held.
+inline Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind) {
+  if (qs->ctxs >= qs->max_ctxs || qs->free_ctxs.empty()) return ctx_alloc_slow(qs, kind);
+  Ctx *ctx = qs->free_ctxs.back();
+  qs->free_ctxs.pop_back();
+  ctx_setup(ctx, qs, kind);
+  return ctx;
+}
+
 // core.cpp
-QpState *find_qp(Core *core, ibv_qp *qp);
-Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind);
 void maybe_recycle(Ctx *ctx);
 inline void fifo_append(QpState *qs, Chain *c) {
   c->state = Chain::kPosted;
