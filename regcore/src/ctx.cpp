@@ -186,33 +186,49 @@ int resolve_lkeys(Ctx *ctx) {
   return 0;
 }
 
-// RDMA WRs over `list`, max_sge SGEs each, consecutive remote addresses.
-// Vectors keep their capacity across reuse of the context.
-void build_rdma_wrs(Ctx *ctx, const SgeVec &list, unsigned max_sge) {
-  ctx->wrs.resize(list.size() <= max_sge ? 1 : div_up(list.size(), max_sge));
+// RDMA WRs over `list`, max_sge SGEs each, consecutive remote addresses;
+// returns their number. Vectors keep their capacity across reuse of the
+// context. Counts and the strategy stay in registers: reloading what was
+// just stored (size -> nwr -> strategy -> counter) chained store
+// forwarding on every init.
+uint32_t build_rdma_wrs(Ctx *ctx, const SgeVec &list, unsigned max_sge) {
+  const uint32_t nsge = list.size();
+  const uint32_t nwr = nsge <= max_sge ? 1 : div_up(nsge, max_sge);
+  ctx->wrs.resize(nwr);
+  ibv_send_wr *w = ctx->wrs.data();
+  const ibv_sge *sge = list.data();
+  const ibv_wr_opcode opcode = ctx->dir == REGCORE_DIR_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+  const uint32_t rkey = ctx->rkey;
   uint64_t raddr = ctx->remote_addr;
-  size_t next = 0;
-  for (ibv_send_wr &wr : ctx->wrs) {
+  uint32_t next = 0;
+  for (uint32_t k = 0; k < nwr; k++) {
+    ibv_send_wr &wr = w[k];
     // Every field a provider reads for RDMA READ/WRITE; wr_id, next and
     // send_flags are set at post.
+    uint32_t n = std::min<uint32_t>(max_sge, nsge - next);
     wr.send_flags = 0;
     wr.imm_data = 0;
-    wr.opcode = ctx->dir == REGCORE_DIR_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-    wr.sg_list = const_cast<ibv_sge *>(&list[next]);
-    wr.num_sge = static_cast<int>(std::min<uint32_t>(max_sge, list.size() - static_cast<uint32_t>(next)));
+    wr.opcode = opcode;
+    wr.sg_list = const_cast<ibv_sge *>(sge + next);
+    wr.num_sge = static_cast<int>(n);
     wr.wr.rdma.remote_addr = raddr;
-    wr.wr.rdma.rkey = ctx->rkey;
-    for (int i = 0; i < wr.num_sge; i++) raddr += list[next + i].length;
-    next += wr.num_sge;
+    wr.wr.rdma.rkey = rkey;
+    for (uint32_t i = 0; i < n; i++) raddr += sge[next + i].length;
+    next += n;
   }
-  ctx->nwr = static_cast<uint32_t>(ctx->wrs.size());
+  ctx->nwr = nwr;
+  return nwr;
 }
 
+// Each init_* returns the number of WRs the context posts (> 0) or a
+// negative errno, and counts the strategy it settled on.
 int init_sge_path(Ctx *ctx) {
   if (int err = resolve_lkeys(ctx)) return err;
-  build_rdma_wrs(ctx, ctx->runs, max_sge_for(ctx->qp, ctx->dir));
-  ctx->strategy = ctx->nwr == 1 ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
-  return 0;
+  uint32_t nwr = build_rdma_wrs(ctx, ctx->runs, max_sge_for(ctx->qp, ctx->dir));
+  regcore_rw_strategy st = nwr == 1 ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
+  ctx->strategy = st;
+  ctx->qp->stats.rw_ctxs[st]++;
+  return static_cast<int>(nwr);
 }
 
 // Private MRs with exactly the rights this I/O needs (iWARP READ sinks get
@@ -236,8 +252,9 @@ int init_mr_reg(Ctx *ctx) {
     ctx->own_mrs.push_back(mr);
     ctx->wr_sges.push_back({r.addr, r.length, mr->lkey});
   }
-  build_rdma_wrs(ctx, ctx->wr_sges, max_sge_for(qs, ctx->dir));
-  return 0;
+  uint32_t nwr = build_rdma_wrs(ctx, ctx->wr_sges, max_sge_for(qs, ctx->dir));
+  qs->stats.rw_ctxs[REGCORE_RW_MR_REG]++;
+  return static_cast<int>(nwr);
 }
 
 int init_staged(Ctx *ctx) {
@@ -246,8 +263,9 @@ int init_staged(Ctx *ctx) {
   if (err) return err;
   ctx->wr_sges.assign(1, ibv_sge{reinterpret_cast<uintptr_t>(ctx->stage->buf),
                                  static_cast<uint32_t>(ctx->bytes), ctx->stage->mr->lkey});
-  build_rdma_wrs(ctx, ctx->wr_sges, 1);
-  return 0;
+  uint32_t nwr = build_rdma_wrs(ctx, ctx->wr_sges, 1);
+  ctx->qp->stats.rw_ctxs[REGCORE_RW_MR_STAGED]++;
+  return static_cast<int>(nwr);
 }
 
 int init_indirect(Ctx *ctx) {
@@ -255,12 +273,14 @@ int init_indirect(Ctx *ctx) {
   int err = acquire_mkey(ctx->qp, false, &ctx->mkey);
   if (err == -EAGAIN) return init_sge_path(ctx);
   if (err) return err;
-  ctx->nwr = (ctx->mkey->need_inval ? 1 : 0) + 2;  // [LOCAL_INV] + UMR + RDMA
-  return 0;
+  uint32_t nwr = (ctx->mkey->need_inval ? 1 : 0) + 2;  // [LOCAL_INV] + UMR + RDMA
+  ctx->nwr = nwr;
+  ctx->qp->stats.rw_ctxs[REGCORE_RW_INDIRECT]++;
+  return static_cast<int>(nwr);
 }
 
-int build_rw(Ctx *ctx) {
-  switch (ctx->strategy) {
+int build_rw(Ctx *ctx, regcore_rw_strategy st) {
+  switch (st) {
     case REGCORE_RW_SINGLE_WR:
     case REGCORE_RW_MULTI_WR: return init_sge_path(ctx);
     case REGCORE_RW_MR_REG: return init_mr_reg(ctx);
@@ -653,11 +673,12 @@ int regcore_rw_ctx_init(struct regcore_rw_ctx **out, struct regcore *handle, str
   ctx->remote_addr = remote_addr;
   ctx->rkey = rkey;
   ctx->bytes = bytes;
-  ctx->strategy = decide(qs->policy, dir, ctx->runs.size(), bytes, ctx->core->attr.flags);
-  if (int err = build_rw(ctx)) return abandon(ctx, err);
-  qs->stats.rw_ctxs[ctx->strategy]++;
+  regcore_rw_strategy st = decide(qs->policy, dir, ctx->runs.size(), bytes, ctx->core->attr.flags);
+  ctx->strategy = st;  // init_sge_path() may refine it (single/multi WR)
+  int nwr = build_rw(ctx, st);
+  if (nwr < 0) return abandon(ctx, nwr);
   *out = reinterpret_cast<regcore_rw_ctx *>(ctx);
-  return static_cast<int>(ctx->nwr);
+  return nwr;
 }
 
 int regcore_rw_ctx_post(struct regcore_rw_ctx *handle, struct ibv_qp *qp, uint64_t wr_id,
