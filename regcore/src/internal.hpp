@@ -660,7 +660,7 @@ void memo_clear(QpState *qs);
 // read back of the element just written (a store-forwarding stall per SGE
 // on current cores) and no size/capacity check per element.
 template <typename Vec>
-void coalesce(const ibv_sge *sgl, unsigned nsge, Vec &runs, uint64_t *bytes) {
+[[gnu::always_inline]] inline void coalesce(const ibv_sge *sgl, unsigned nsge, Vec &runs, uint64_t *bytes) {
   runs.resize(nsge);
   ibv_sge *out = runs.data();
   uint32_t n = 0;
