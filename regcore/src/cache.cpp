@@ -72,11 +72,6 @@ ForkGuard &fork_guard() {
 
 }  // namespace
 
-unsigned normalize_access(unsigned access) {
-  if (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) access |= IBV_ACCESS_LOCAL_WRITE;
-  return access;
-}
-
 struct alignas(64) Cache::Shard {
   SpinLock mu;
   // Recently found entries by page, checked before the tree.

@@ -149,24 +149,6 @@ void QpTable::init(size_t max_qps) {
   }
 }
 
-size_t QpTable::slot(const ibv_qp *qp) const {
-  auto h = reinterpret_cast<uintptr_t>(qp);
-  h ^= h >> 17;
-  h *= 0x9e3779b97f4a7c15ull;
-  return static_cast<size_t>(h >> 20) & (cap_ - 1);
-}
-
-// Tombstones keep probe chains intact: a key stays once inserted and only
-// its value goes back to null.
-QpState *QpTable::find(const ibv_qp *qp) const {
-  for (size_t i = slot(qp), n = 0; n < cap_; i = (i + 1) & (cap_ - 1), n++) {
-    const ibv_qp *k = keys_[i].load(std::memory_order_acquire);
-    if (!k) return nullptr;
-    if (k == qp) return vals_[i].load(std::memory_order_acquire);
-  }
-  return nullptr;
-}
-
 void QpTable::insert(QpState *qs) {
   size_t target = cap_;
   for (size_t i = slot(qs->qp), n = 0; n < cap_; i = (i + 1) & (cap_ - 1), n++) {
@@ -201,7 +183,6 @@ void QpTable::erase(const ibv_qp *qp) {
   }
 }
 
-QpState *find_qp(Core *core, ibv_qp *qp) { return core->qps.find(qp); }
 
 Domain *Core::domain_of(const ibv_pd *pd) const {
   unsigned n = ndomains.load(std::memory_order_acquire);
@@ -393,19 +374,18 @@ void release_stage(Ctx *ctx, StageRec *st, bool bounce) {
 
 // Chains are reset when posted, runs/wrs/wr_sges refilled by init, and
 // resources emptied when the context was recycled; rw fields are set by
-// every rw init. What remains is the state a reg context reads.
-void Ctx::clear_for_reuse() {
-  life = kInit;
-  ulp_done = false;
-  chains[0].state = chains[1].state = Chain::kIdle;
-  chains[0].status = chains[1].status = IBV_WC_SUCCESS;
-  nwr = reserved_credits = 0;
-  key = kNoKey;
+// every rw init. A recycled context has no callback owed or running, no
+// reserved credits and no chain posted (maybe_recycle waits for all of
+// them). What remains is the state a context's calls read before setting
+// it; clear_reg() adds what only reg contexts read, so that an rw I/O does
+// not touch the reg fields' cache line.
+void Ctx::clear_reg() {
+  chains[1].state = Chain::kIdle;
+  chains[1].status = IBV_WC_SUCCESS;
   reg_rkey = 0;
   reg_addr = 0;
   reg_len = 0;
   remote_access = 0;
-  cb_owed = cb_running = false;
   cb = nullptr;
   cb_arg = nullptr;
 }
@@ -424,7 +404,8 @@ void unlock_ctx(Ctx *ctx) {
     ctx->core->mu.unlock();
 }
 
-Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind) {
+// ctx_alloc() without a context in the QP's free list, or over budget.
+Ctx *ctx_alloc_slow(QpState *qs, Ctx::Kind kind) {
   Ctx *ctx = qs->ctxs < qs->max_ctxs ? pop(qs->free_ctxs) : nullptr;
   if (!ctx && qs->ctxs < qs->max_ctxs) {
     // Contexts of destroyed QPs that were still alive when this QP was made.
@@ -437,13 +418,7 @@ Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind) {
     fail(EAGAIN, "context budget exhausted: %u of %u in use on this QP", qs->ctxs, qs->max_ctxs);
     return nullptr;
   }
-  ctx->clear_for_reuse();
-  ctx->kind = kind;
-  ctx->qp = qs;
-  ctx->dom = qs->dom;
-  ctx->chains[0].qp.store(qs, std::memory_order_relaxed);
-  ctx->chains[1].qp.store(qs, std::memory_order_relaxed);
-  qs->ctxs++;
+  ctx_setup(ctx, qs, kind);
   return ctx;
 }
 
@@ -474,17 +449,6 @@ void maybe_recycle(Ctx *ctx) {
 }
 
 // ------------------------------------------------------------ chain FIFO
-
-void fifo_append(QpState *qs, Chain *c) {
-  c->state = Chain::kPosted;
-  c->prev = qs->tail;
-  c->next = nullptr;
-  if (qs->tail)
-    qs->tail->next = c;
-  else
-    qs->head = c;
-  qs->tail = c;
-}
 
 // The send queue completes in order: a completion for c retires c and every
 // chain posted before it on the same QP, including orphans of a partial post.

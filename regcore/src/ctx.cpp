@@ -48,12 +48,13 @@ int memo_install(QpState *qs, Entry *e) {
 // repeated lookup costs a few compares: no cache lock, no shared counter.
 // Only where idle entries may be kept (the monitor drops them when their
 // memory goes); pending memory events are applied first.
-int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out) {
+//
+// The memo hit is inline in the post path and hands back the entry and its
+// slot in registers; the rest (retiring slots, the cache) is out of line.
+namespace {
+
+int qp_cache_get_slow(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out) {
   Cache &cache = qs->core->cache;
-  access = normalize_access(access);
-  // Slots are only filled while the monitor runs; events it reported (and a
-  // fork, which stops it) unindex their entries before they are trusted.
-  cache.sync();
   uintptr_t end = addr + len;
   for (int i = 0; i < QpState::kMemo; i++) {
     MemoSlot &m = qs->memo[i];
@@ -75,6 +76,33 @@ int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRe
   *out = {e, static_cast<int8_t>(cache.caching_idle() ? memo_install(qs, e) : -1)};
   return 0;
 }
+
+[[gnu::always_inline]] inline int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access,
+                                               RunRef *out) {
+  access = normalize_access(access);
+  // Slots are only filled while the monitor runs; events it reported (and a
+  // fork, which stops it) unindex their entries before they are trusted.
+  qs->core->cache.sync();
+  uintptr_t end = addr + len;
+  uint16_t dom = qs->dom->index;
+  for (int i = 0; i < QpState::kMemo; i++) {
+    MemoSlot &m = qs->memo[i];
+    Entry *e = m.e;
+    if (!e || m.retiring || e->start > addr || end > e->end || (e->pub.access & access) != access ||
+        e->domain != dom)
+      continue;
+    if (!indexed(e)) break;  // retired by the slow path
+    m.inflight++;
+    m.last = ++qs->memo_tick;
+    qs->stats.cache_hits++;
+    out->e = e;
+    out->slot = static_cast<int8_t>(i);
+    return 0;
+  }
+  return qp_cache_get_slow(qs, addr, len, access, out);
+}
+
+}  // namespace
 
 void qp_cache_put(QpState *qs, RunRef r) {
   if (r.slot < 0) {
@@ -122,54 +150,85 @@ void dereg_own_mrs(Ctx *ctx) {
 // ------------------------------------------------------------ building
 
 // Runs of one I/O usually share a registration: a run inside the entry the
-// previous run found uses it again (one more use of the same memo slot).
+// previous run found through the QP memo uses it again. The context holds
+// one use of the memo slot per entry, not per run; hits still count per run.
 int resolve_lkeys(Ctx *ctx) {
   QpState *qs = ctx->qp;
-  const RunRef *last = nullptr;
-  for (ibv_sge &r : ctx->runs) {
-    if (r.lkey) continue;  // the ULP registered it itself
+  ibv_sge *r = ctx->runs.data(), *end = r + ctx->runs.size();
+  uintptr_t lo = 1, hi = 0;  // the reusable entry's range: none yet
+  uint32_t lkey = 0;
+  uint64_t reused = 0;
+  for (; r != end; r++) {
+    if (r->lkey) continue;  // the ULP registered it itself
+    uintptr_t a = static_cast<uintptr_t>(r->addr);
+    if (lo <= a && a + r->length <= hi) {
+      r->lkey = lkey;
+      reused++;
+      continue;
+    }
     RunRef ref;
-    if (last && last->slot >= 0 && last->e->start <= r.addr && r.addr + r.length <= last->e->end) {
-      ref = *last;
-      qs->memo[ref.slot].inflight++;
-      qs->stats.cache_hits++;
-    } else if (int err = qp_cache_get(qs, r.addr, r.length, qs->dom->internal_access, &ref)) {
+    if (int err = qp_cache_get(qs, a, r->length, qs->dom->internal_access, &ref)) {
+      qs->stats.cache_hits += reused;
       return err;
     }
     ctx->refs.push_back(ref);
-    last = &ctx->refs.back();
-    r.lkey = ref.e->pub.lkey;
+    lkey = ref.e->pub.lkey;
+    r->lkey = lkey;
+    if (ref.slot >= 0) {  // reusable by the next runs
+      lo = ref.e->start;
+      hi = ref.e->end;
+    } else {
+      lo = 1;
+      hi = 0;
+    }
   }
+  qs->stats.cache_hits += reused;
   return 0;
 }
 
-// RDMA WRs over `list`, max_sge SGEs each, consecutive remote addresses.
-// Vectors keep their capacity across reuse of the context.
-void build_rdma_wrs(Ctx *ctx, const SgeVec &list, unsigned max_sge) {
-  ctx->wrs.resize(list.size() <= max_sge ? 1 : div_up(list.size(), max_sge));
+// RDMA WRs over `list`, max_sge SGEs each, consecutive remote addresses;
+// returns their number. Vectors keep their capacity across reuse of the
+// context. Counts and the strategy stay in registers: reloading what was
+// just stored (size -> nwr -> strategy -> counter) chained store
+// forwarding on every init.
+uint32_t build_rdma_wrs(Ctx *ctx, const SgeVec &list, unsigned max_sge) {
+  const uint32_t nsge = list.size();
+  const uint32_t nwr = nsge <= max_sge ? 1 : div_up(nsge, max_sge);
+  ctx->wrs.resize(nwr);
+  ibv_send_wr *w = ctx->wrs.data();
+  const ibv_sge *sge = list.data();
+  const ibv_wr_opcode opcode = ctx->dir == REGCORE_DIR_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+  const uint32_t rkey = ctx->rkey;
   uint64_t raddr = ctx->remote_addr;
-  size_t next = 0;
-  for (ibv_send_wr &wr : ctx->wrs) {
+  uint32_t next = 0;
+  for (uint32_t k = 0; k < nwr; k++) {
+    ibv_send_wr &wr = w[k];
     // Every field a provider reads for RDMA READ/WRITE; wr_id, next and
     // send_flags are set at post.
+    uint32_t n = std::min<uint32_t>(max_sge, nsge - next);
     wr.send_flags = 0;
     wr.imm_data = 0;
-    wr.opcode = ctx->dir == REGCORE_DIR_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
-    wr.sg_list = const_cast<ibv_sge *>(&list[next]);
-    wr.num_sge = static_cast<int>(std::min<uint32_t>(max_sge, list.size() - static_cast<uint32_t>(next)));
+    wr.opcode = opcode;
+    wr.sg_list = const_cast<ibv_sge *>(sge + next);
+    wr.num_sge = static_cast<int>(n);
     wr.wr.rdma.remote_addr = raddr;
-    wr.wr.rdma.rkey = ctx->rkey;
-    for (int i = 0; i < wr.num_sge; i++) raddr += list[next + i].length;
-    next += wr.num_sge;
+    wr.wr.rdma.rkey = rkey;
+    for (uint32_t i = 0; i < n; i++) raddr += sge[next + i].length;
+    next += n;
   }
-  ctx->nwr = static_cast<uint32_t>(ctx->wrs.size());
+  ctx->nwr = nwr;
+  return nwr;
 }
 
+// Each init_* returns the number of WRs the context posts (> 0) or a
+// negative errno, and counts the strategy it settled on.
 int init_sge_path(Ctx *ctx) {
   if (int err = resolve_lkeys(ctx)) return err;
-  build_rdma_wrs(ctx, ctx->runs, max_sge_for(ctx->qp, ctx->dir));
-  ctx->strategy = ctx->nwr == 1 ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
-  return 0;
+  uint32_t nwr = build_rdma_wrs(ctx, ctx->runs, max_sge_for(ctx->qp, ctx->dir));
+  regcore_rw_strategy st = nwr == 1 ? REGCORE_RW_SINGLE_WR : REGCORE_RW_MULTI_WR;
+  ctx->strategy = st;
+  ctx->qp->stats.rw_ctxs[st]++;
+  return static_cast<int>(nwr);
 }
 
 // Private MRs with exactly the rights this I/O needs (iWARP READ sinks get
@@ -193,8 +252,9 @@ int init_mr_reg(Ctx *ctx) {
     ctx->own_mrs.push_back(mr);
     ctx->wr_sges.push_back({r.addr, r.length, mr->lkey});
   }
-  build_rdma_wrs(ctx, ctx->wr_sges, max_sge_for(qs, ctx->dir));
-  return 0;
+  uint32_t nwr = build_rdma_wrs(ctx, ctx->wr_sges, max_sge_for(qs, ctx->dir));
+  qs->stats.rw_ctxs[REGCORE_RW_MR_REG]++;
+  return static_cast<int>(nwr);
 }
 
 int init_staged(Ctx *ctx) {
@@ -203,8 +263,9 @@ int init_staged(Ctx *ctx) {
   if (err) return err;
   ctx->wr_sges.assign(1, ibv_sge{reinterpret_cast<uintptr_t>(ctx->stage->buf),
                                  static_cast<uint32_t>(ctx->bytes), ctx->stage->mr->lkey});
-  build_rdma_wrs(ctx, ctx->wr_sges, 1);
-  return 0;
+  uint32_t nwr = build_rdma_wrs(ctx, ctx->wr_sges, 1);
+  ctx->qp->stats.rw_ctxs[REGCORE_RW_MR_STAGED]++;
+  return static_cast<int>(nwr);
 }
 
 int init_indirect(Ctx *ctx) {
@@ -212,12 +273,14 @@ int init_indirect(Ctx *ctx) {
   int err = acquire_mkey(ctx->qp, false, &ctx->mkey);
   if (err == -EAGAIN) return init_sge_path(ctx);
   if (err) return err;
-  ctx->nwr = (ctx->mkey->need_inval ? 1 : 0) + 2;  // [LOCAL_INV] + UMR + RDMA
-  return 0;
+  uint32_t nwr = (ctx->mkey->need_inval ? 1 : 0) + 2;  // [LOCAL_INV] + UMR + RDMA
+  ctx->nwr = nwr;
+  ctx->qp->stats.rw_ctxs[REGCORE_RW_INDIRECT]++;
+  return static_cast<int>(nwr);
 }
 
-int build_rw(Ctx *ctx) {
-  switch (ctx->strategy) {
+int build_rw(Ctx *ctx, regcore_rw_strategy st) {
+  switch (st) {
     case REGCORE_RW_SINGLE_WR:
     case REGCORE_RW_MULTI_WR: return init_sge_path(ctx);
     case REGCORE_RW_MR_REG: return init_mr_reg(ctx);
@@ -255,7 +318,10 @@ ibv_send_wr *last_of(ibv_send_wr *wr) {
 
 // Posts wrs[0..n) unsignaled, then chain_wr. The chain's last WR (ours, or
 // the ULP's) carries the chain's final tag; the ULP's wr_id is restored.
-PostResult post_chain(QpState *qs, Chain &c, ibv_send_wr *wrs, size_t n, ibv_send_wr *chain_wr) {
+// Inline: its result stays in registers (returned through memory it was
+// a store-forwarding stall on every post).
+[[gnu::always_inline]] inline PostResult post_chain(QpState *qs, Chain &c, ibv_send_wr *wrs, size_t n,
+                                                    ibv_send_wr *chain_wr) {
   for (size_t i = 0; i < n; i++) {
     wrs[i].wr_id = c.tag(kRoleUnsignaled);
     wrs[i].send_flags &= ~static_cast<unsigned>(IBV_SEND_SIGNALED);
@@ -284,18 +350,14 @@ PostResult post_chain(QpState *qs, Chain &c, ibv_send_wr *wrs, size_t n, ibv_sen
   return r;
 }
 
-// Accounts for a post: credits, the FIFO, and the partial-post rule.
-int finish_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r, uint32_t credits) {
-  if (r.err && !r.any_posted) return fail(r.err, "ibv_post_send: %s (nothing posted)", strerror(r.err));
+// A post the provider refused in part or in whole (cold).
+[[gnu::noinline]] int finish_failed_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r, uint32_t credits) {
+  if (!r.any_posted) return fail(r.err, "ibv_post_send: %s (nothing posted)", strerror(r.err));
   c.credits = credits;
   qs->credits -= credits;
   c.wr_posted = r.internal_posted;
-  c.has_final = r.err == 0;
+  c.has_final = false;
   fifo_append(qs, &c);
-  if (r.err == 0) {
-    ctx->life = Ctx::kPosted;
-    return 0;
-  }
   // Part of the chain is in the send queue without a signaled WR: move the
   // QP to error so that it flushes and those WRs complete.
   ctx->life = Ctx::kFailedPost;
@@ -305,6 +367,19 @@ int finish_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r, uint32_t c
   if (c.wr_posted == 0) retire_through(&c);
   return fail(r.err, "ibv_post_send accepted part of the chain (%s); QP moved to error",
               strerror(r.err));
+}
+
+// Accounts for a post: credits, the FIFO, and the partial-post rule.
+[[gnu::always_inline]] inline int finish_post(Ctx *ctx, QpState *qs, Chain &c, const PostResult &r,
+                                              uint32_t credits) {
+  if (r.err) return finish_failed_post(ctx, qs, c, r, credits);
+  c.credits = credits;
+  qs->credits -= credits;
+  c.wr_posted = r.internal_posted;
+  c.has_final = true;
+  fifo_append(qs, &c);
+  ctx->life = Ctx::kPosted;
+  return 0;
 }
 
 #if REGCORE_HAVE_MLX5DV
@@ -434,8 +509,9 @@ int post_local_inv(Ctx *ctx) {
   QpState *qs = ctx->qp;
   Chain &c = ctx->chains[1];
   c.reset();
-  ctx->wrs.assign(1, ibv_send_wr{});
+  ctx->wrs.resize(1);
   ibv_send_wr &wr = ctx->wrs[0];
+  memset(&wr, 0, sizeof wr);
   wr.opcode = IBV_WR_LOCAL_INV;
   wr.invalidate_rkey = ctx->reg_rkey;
   PostResult r = post_chain(qs, c, &wr, 1, nullptr);
@@ -597,11 +673,12 @@ int regcore_rw_ctx_init(struct regcore_rw_ctx **out, struct regcore *handle, str
   ctx->remote_addr = remote_addr;
   ctx->rkey = rkey;
   ctx->bytes = bytes;
-  ctx->strategy = decide(qs->policy, dir, ctx->runs.size(), bytes, ctx->core->attr.flags);
-  if (int err = build_rw(ctx)) return abandon(ctx, err);
-  qs->stats.rw_ctxs[ctx->strategy]++;
+  regcore_rw_strategy st = decide(qs->policy, dir, ctx->runs.size(), bytes, ctx->core->attr.flags);
+  ctx->strategy = st;  // init_sge_path() may refine it (single/multi WR)
+  int nwr = build_rw(ctx, st);
+  if (nwr < 0) return abandon(ctx, nwr);
   *out = reinterpret_cast<regcore_rw_ctx *>(ctx);
-  return static_cast<int>(ctx->nwr);
+  return nwr;
 }
 
 int regcore_rw_ctx_post(struct regcore_rw_ctx *handle, struct ibv_qp *qp, uint64_t wr_id,
@@ -614,7 +691,7 @@ int regcore_rw_ctx_post(struct regcore_rw_ctx *handle, struct ibv_qp *qp, uint64
   if (ctx->kind != Ctx::kRw || ctx->ulp_done || ctx->life != Ctx::kInit)
     return fail(EINVAL, "regcore_rw_ctx_post: context not initialized or already posted");
   bool indirect = ctx->strategy == REGCORE_RW_INDIRECT;
-  if (int err = check_chain_wr(chain_wr, indirect)) return err;
+  if (chain_wr) if (int err = check_chain_wr(chain_wr, indirect)) return err;
   if (!take_credits(qs, ctx->nwr)) return -EAGAIN;
   Chain &c = ctx->chains[0];
   c.reset();
@@ -675,8 +752,9 @@ static int reg_bind_window(Ctx *ctx, ibv_mr *mr, uintptr_t addr, size_t len) {
   ctx->mw->rkey = ibv_inc_rkey(ctx->mw->rkey);  // a fresh key on every reuse
   ctx->reg_rkey = ctx->mw->rkey;
   ctx->reg_addr = addr;
-  ctx->wrs.assign(1, ibv_send_wr{});
+  ctx->wrs.resize(1);
   ibv_send_wr &wr = ctx->wrs[0];
+  memset(&wr, 0, sizeof wr);
   wr.opcode = IBV_WR_BIND_MW;
   wr.bind_mw.mw = ctx->mw->mw;
   wr.bind_mw.rkey = ctx->reg_rkey;
@@ -818,7 +896,7 @@ int regcore_reg_ctx_post(struct regcore_reg_ctx *handle, struct ibv_send_wr *cha
   if (ctx->kind != Ctx::kReg || ctx->ulp_done || ctx->life != Ctx::kInit)
     return fail(EINVAL, "regcore_reg_ctx_post: context not initialized or already posted");
   bool umr = ctx->reg_strategy == REGCORE_REG_INDIRECT;
-  if (int err = check_chain_wr(chain_wr, umr)) return err;
+  if (chain_wr) if (int err = check_chain_wr(chain_wr, umr)) return err;
   if (staged_reg(ctx) && (ctx->remote_access & IBV_ACCESS_REMOTE_READ)) stage_copy(ctx, true);
   bool mw = ctx->mw != nullptr;
   if (!mw && !umr && !chain_wr) {

@@ -383,15 +383,21 @@ struct RunRef {
 
 using SgeVec = SmallVec<ibv_sge, 4>;
 
-// Fields the post path touches come first, close together.
-struct Ctx {
-  enum Kind { kFree, kRw, kReg };
-  enum Life { kInit, kPosted, kCompleted, kFailedPost };
-  enum Key { kNoKey, kKeyLive, kKeyDead };
+// Fields the post path touches come first, close together: an rw I/O
+// touches the first seven cache lines (header, chains[0], runs, refs, one
+// WR); what only reg contexts and teardown use comes after. Cache-line
+// aligned so that this holds for every context of the pool.
+struct alignas(64) Ctx {
+  enum Kind : uint8_t { kFree, kRw, kReg };
+  enum Life : uint8_t { kInit, kPosted, kCompleted, kFailedPost };
+  enum Key : uint8_t { kNoKey, kKeyLive, kKeyDead };
 
   Kind kind = kFree;
   Life life = kInit;
   bool ulp_done = false;  // destroy/release called
+  Key key = kNoKey;       // reg: the remote key's state
+  bool cb_owed = false;   // reg: release returned -EINPROGRESS; the callback is due
+  bool cb_running = false;  // callback handed out, recycling waits for it
   regcore_dir dir = REGCORE_DIR_READ;
   regcore_rw_strategy strategy = REGCORE_RW_SINGLE_WR;
   uint32_t nwr = 0;       // regcore WRs of chains[0]
@@ -404,7 +410,7 @@ struct Ctx {
   Domain *dom = nullptr;
   Chain chains[2];        // [0] the context's post, [1] reg: LOCAL_INV
   SgeVec runs;            // coalesced ULP SGEs with lkeys resolved
-  SmallVec<RunRef, 4> refs;
+  SmallVec<RunRef, 4> refs;  // one per cache entry the runs use
   SmallVec<ibv_send_wr, 1> wrs;
 
   // resources, released when the context is recycled
@@ -416,17 +422,15 @@ struct Ctx {
 
   // reg
   regcore_reg_strategy reg_strategy = REGCORE_REG_MW;
-  Key key = kNoKey;
   uint32_t reg_rkey = 0;
   uint64_t reg_addr = 0;  // what the peer uses: a VA, or 0 for zero-based keys
   size_t reg_len = 0;
   unsigned remote_access = 0;
-  bool cb_owed = false;  // release returned -EINPROGRESS; the callback is due
-  bool cb_running = false;  // callback handed out, recycling waits for it
   regcore_release_cb cb = nullptr;
   void *cb_arg = nullptr;
 
   void clear_for_reuse();
+  void clear_reg();
 };
 
 // A release callback to run once no lock is held.
@@ -455,12 +459,13 @@ struct Domain {
 };
 
 // Per-QP counters, summed by regcore_get_stats.
+// The ones every I/O and completion bumps come first.
 struct Counters {
+  uint64_t cache_hits = 0;
   uint64_t rw_ctxs[6] = {}, reg_ctxs[5] = {};
   uint64_t internal_wcs = 0, ulp_wcs = 0;
   uint64_t remote_inv_matched = 0, remote_inv_mismatched = 0;
   uint64_t local_invs = 0, sync_invalidations = 0, partial_posts = 0, eagain = 0;
-  uint64_t cache_hits = 0;
   void add_to(regcore_stats &st) const;
   void add(const Counters &o);
 };
@@ -474,7 +479,9 @@ struct MemoSlot {
   uint64_t last = 0;
 };
 
-struct QpState {
+// The state the post path uses comes first (lock, policy, credits, FIFO,
+// free contexts, memo, counters); cache-line aligned.
+struct alignas(64) QpState {
   SpinLock mu;
   Core *core = nullptr;
   Domain *dom = nullptr;
@@ -488,13 +495,13 @@ struct QpState {
   uint32_t credits = 0;  // free send-queue WRs of regcore's share
   bool error = false;    // an error completion or failed post was seen
   Chain *head = nullptr, *tail = nullptr;
-  std::vector<Ctx *> owned;  // contexts assigned to this QP
   std::vector<Ctx *> free_ctxs;
   static constexpr int kMemo = 4;
   MemoSlot memo[kMemo];
   uint64_t memo_tick = 0;
-  Pools pool;
   Counters stats;
+  Pools pool;
+  std::vector<Ctx *> owned;  // contexts assigned to this QP
 };
 
 // Lock-free map from ibv_qp to its state: lookups on every context init.
@@ -553,11 +560,75 @@ struct Core {
   Domain *domain_of(const ibv_pd *pd) const;
 };
 
+// ------------------------------------------- inline parts of core.cpp
+
+inline size_t QpTable::slot(const ibv_qp *qp) const {
+  auto h = reinterpret_cast<uintptr_t>(qp);
+  h ^= h >> 17;
+  h *= 0x9e3779b97f4a7c15ull;
+  return static_cast<size_t>(h >> 20) & (cap_ - 1);
+}
+
+// Tombstones keep probe chains intact: a key stays once inserted and only
+// its value goes back to null.
+inline QpState *QpTable::find(const ibv_qp *qp) const {
+  for (size_t i = slot(qp), n = 0; n < cap_; i = (i + 1) & (cap_ - 1), n++) {
+    const ibv_qp *k = keys_[i].load(std::memory_order_acquire);
+    if (!k) return nullptr;
+    if (k == qp) return vals_[i].load(std::memory_order_acquire);
+  }
+  return nullptr;
+}
+
+inline QpState *find_qp(Core *core, ibv_qp *qp) { return core->qps.find(qp); }
+
+// Chains are reset when posted, runs/wrs/wr_sges refilled by init, and
+// resources emptied when the context was recycled (see core.cpp).
+inline void Ctx::clear_for_reuse() {
+  life = kInit;
+  ulp_done = false;
+  key = kNoKey;
+  cb_owed = cb_running = false;  // the header's line: as cheap as checking
+  chains[0].state = Chain::kIdle;
+  chains[0].status = IBV_WC_SUCCESS;
+  nwr = reserved_credits = 0;
+}
+
+inline void ctx_setup(Ctx *ctx, QpState *qs, Ctx::Kind kind) {
+  ctx->clear_for_reuse();
+  if (kind == Ctx::kReg) ctx->clear_reg();
+  ctx->kind = kind;
+  ctx->qp = qs;
+  ctx->dom = qs->dom;
+  ctx->chains[0].qp.store(qs, std::memory_order_relaxed);
+  ctx->chains[1].qp.store(qs, std::memory_order_relaxed);
+  qs->ctxs++;
+}
+
+Ctx *ctx_alloc_slow(QpState *qs, Ctx::Kind kind);
+
+// A context of the QP's budget, or nullptr (-EAGAIN recorded). The QP's
+// lock is held.
+inline Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind) {
+  if (qs->ctxs >= qs->max_ctxs || qs->free_ctxs.empty()) return ctx_alloc_slow(qs, kind);
+  Ctx *ctx = qs->free_ctxs.back();
+  qs->free_ctxs.pop_back();
+  ctx_setup(ctx, qs, kind);
+  return ctx;
+}
+
 // core.cpp
-QpState *find_qp(Core *core, ibv_qp *qp);
-Ctx *ctx_alloc(QpState *qs, Ctx::Kind kind);
 void maybe_recycle(Ctx *ctx);
-void fifo_append(QpState *qs, Chain *c);
+inline void fifo_append(QpState *qs, Chain *c) {
+  c->state = Chain::kPosted;
+  c->prev = qs->tail;
+  c->next = nullptr;
+  if (qs->tail)
+    qs->tail->next = c;
+  else
+    qs->head = c;
+  qs->tail = c;
+}
 void retire_through(Chain *c);
 int acquire_mw(QpState *qs, MwRec **out);
 void release_mw(Ctx *ctx, MwRec *mw, bool kill);
@@ -579,34 +650,49 @@ void kill_reg_key_sync(Ctx *ctx);
 void finish_reg_release(Ctx *ctx, bool from_completion, std::vector<DueCallback> &due);
 void rw_release_resources(Ctx *ctx);
 void reg_release_resources(Ctx *ctx);
-// Cache lookups for a QP's I/O: through its memo when idle entries are kept.
-int qp_cache_get(QpState *qs, uintptr_t addr, size_t len, unsigned access, RunRef *out);
+// Cache lookups for a QP's I/O: through its memo when idle entries are kept
+// (qp_cache_get, in ctx.cpp).
 void qp_cache_put(QpState *qs, RunRef r);
 void memo_clear(QpState *qs);
 
 // Coalesces adjacent SGEs (same lkey, or both lkey 0) and drops empty ones.
+// The run being grown stays in registers and is stored once complete: no
+// read back of the element just written (a store-forwarding stall per SGE
+// on current cores) and no size/capacity check per element.
 template <typename Vec>
-void coalesce(const ibv_sge *sgl, unsigned nsge, Vec &runs, uint64_t *bytes) {
-  runs.clear();
+[[gnu::always_inline]] inline void coalesce(const ibv_sge *sgl, unsigned nsge, Vec &runs, uint64_t *bytes) {
+  runs.resize(nsge);
+  ibv_sge *out = runs.data();
+  uint32_t n = 0;
   uint64_t total = 0;
-  for (unsigned i = 0; i < nsge; i++) {
-    if (sgl[i].length == 0) continue;
-    total += sgl[i].length;
-    if (!runs.empty()) {
-      ibv_sge &last = runs.back();
-      if (last.lkey == sgl[i].lkey && last.addr + last.length == sgl[i].addr &&
-          static_cast<uint64_t>(last.length) + sgl[i].length <= UINT32_MAX) {
-        last.length += sgl[i].length;
+  unsigned i = 0;
+  while (i < nsge && sgl[i].length == 0) i++;
+  if (i < nsge) {
+    ibv_sge cur = sgl[i];
+    total = cur.length;
+    for (i++; i < nsge; i++) {
+      const ibv_sge s = sgl[i];
+      if (s.length == 0) continue;
+      total += s.length;
+      if (cur.lkey == s.lkey && cur.addr + cur.length == s.addr &&
+          static_cast<uint64_t>(cur.length) + s.length <= UINT32_MAX) {
+        cur.length += s.length;
         continue;
       }
+      out[n++] = cur;
+      cur = s;
     }
-    runs.push_back(sgl[i]);
+    out[n++] = cur;
   }
+  runs.resize(n);
   *bytes = total;
 }
 
-// cache.cpp
-unsigned normalize_access(unsigned access);
+// Remote write and atomic access need local write (verbs' rule).
+inline unsigned normalize_access(unsigned access) {
+  if (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) access |= IBV_ACCESS_LOCAL_WRITE;
+  return access;
+}
 
 // The decision table (regcore_policy_decide), inline for the post path.
 inline regcore_rw_strategy decide(const regcore_policy &policy, regcore_dir dir, unsigned runs, uint64_t bytes,
