@@ -2054,12 +2054,29 @@ private:
 
   /// `if (req->need_inv) post_local_inv(req); else complete(req);`: a flag
   /// the ULP keeps for whether the key still needs invalidating (nvme-rdma's
-  /// mr->need_inval). Where the flag says no, the key is taken as dead.
+  /// mr->need_inval), or a state compared with a constant
+  /// (`if (t->state == T_EXPOSED) local_inv(t);`, no else). Where the flag
+  /// says no, the key is taken as dead.
   void trustInvalidationFlag(Walk &W, const IfStmt *If, bool Then, PathState &S) {
-    if (S.L != Life::Exposed)
+    if (S.L != Life::Exposed && S.L != Life::Unknown)
       return;
     bool Negated = false;
     const Expr *Cond = stripNegation(If->getCond(), Negated);
+    // A compared state guards the invalidation only when nothing else is
+    // done otherwise: `if (op->kind == LEASE) inv(op); else put(op);`
+    // dispatches on the kind of I/O, and its else is not a dead key.
+    if (const auto *BO = dyn_cast<BinaryOperator>(Cond);
+        BO && BO->isEqualityOp()) {
+      if (If->getElse())
+        return;
+      const Expr *L = stripExpr(BO->getLHS()), *R = stripExpr(BO->getRHS());
+      if (A.values(W.Fn).constant(L))
+        std::swap(L, R);
+      if (!A.values(W.Fn).constant(R))
+        return;
+      Cond = L;
+      Negated ^= BO->getOpcode() == BO_NE;
+    }
     std::optional<Location> Flag = locationOf(Cond);
     if (!Flag || Flag->Steps.empty() || isHandleType(A, Cond->getType()) ||
         !Cond->getType()->isScalarType())
