@@ -1376,6 +1376,19 @@ private:
     });
   }
 
+  /// A root that does nothing to the slot but call \p Call's helper, which
+  /// nothing else calls (`check_timeouts()` -> `rma_timeout(w)`, `exit()` ->
+  /// `region_destroy(srv)`): the path that goes wrong is the helper's own,
+  /// and its finding stays in the helper.
+  bool helperAlone(const Walk &W, const LifeEvent &Call) {
+    if (!llvm::is_contained(Roots, W.Fn) || Touches[W.Fn].count(W.Slot) ||
+        A.callersOf(Call.Callee).size() != 1)
+      return false;
+    return llvm::none_of(Callees[W.Fn], [&](const LifeEvent *C) {
+      return C != &Call && sharedTouched(C->Callee).count(W.Slot);
+    });
+  }
+
   /// Applies the helper's summary at its call.
   void call(Walk &W, const LifeEvent &E, const PathState &S,
             std::vector<PathState> &Out) {
@@ -1409,7 +1422,8 @@ private:
       // A handle this function did not produce either, overwritten by the
       // helper: the helper's statement is the mistake (dlm_space_grow's
       // `s->mr = nmr` reached from a poll loop), not this call.
-      bool HelpersOwn = I.K == LifeIncident::LeakOverwrite && S.Produced == &EntryMarker;
+      bool HelpersOwn = (I.K == LifeIncident::LeakOverwrite && S.Produced == &EntryMarker) ||
+                        (I.K == LifeIncident::ReleaseWhileExposed && helperAlone(W, E));
       // A timeout or reaper loop in the helper picks its own objects
       // (`for (..) { s = &pool->slots[i]; if (expired) put(s); }`): the
       // state it found them in is theirs, not this caller's.
@@ -2058,7 +2072,7 @@ private:
   /// (`if (t->state == T_EXPOSED) local_inv(t);`, no else). Where the flag
   /// says no, the key is taken as dead.
   void trustInvalidationFlag(Walk &W, const IfStmt *If, bool Then, PathState &S) {
-    if (S.L != Life::Exposed && S.L != Life::Unknown)
+    if (S.L != Life::Exposed)
       return;
     bool Negated = false;
     const Expr *Cond = stripNegation(If->getCond(), Negated);
