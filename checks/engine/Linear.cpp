@@ -122,7 +122,7 @@ private:
       return opaque(E, T, F);
     }
     if (const auto *CE = dyn_cast<CallExpr>(E))
-      return call(CE);
+      return call(CE, Depth);
     if (std::optional<Location> L = locationOf(E))
       return location(E, *L, Depth);
     return opaque(E);
@@ -162,14 +162,85 @@ private:
     return P;
   }
 
-  Linear call(const CallExpr *CE) {
+  Linear call(const CallExpr *CE, unsigned Depth) {
     Linear L = opaque(CE);
     if (const FunctionModel *M = A.modelOf(CE)) {
       L.UsesCoreSizing = M->E == Effect::RwMaxSendWr;
       L.FromHelperFactor = M->E == Effect::RwMrFactor;
       L.Opaque = false;
+      return L;
     }
+    if (std::optional<Linear> R = helperResult(CE, Depth))
+      return *R;
     return L;
+  }
+
+  /// `sq_size(q)` with `return WRS_PER_REQ * q->depth + 1;`: a helper of the
+  /// unit whose every return is the same sum, its parameters read as the
+  /// caller's arguments (`q->depth` through `sq_size(c->q)` is `c->q->depth`).
+  std::optional<Linear> helperResult(const CallExpr *CE, unsigned Depth) {
+    const FunctionDecl *Callee = CE->getDirectCallee();
+    Callee = Callee ? Callee->getDefinition() : nullptr;
+    if (!Callee || Callee == Fn || Depth > 8 ||
+        !llvm::is_contained(A.functions(), Callee))
+      return std::nullopt;
+    llvm::SmallVector<const Expr *, 2> Returns;
+    collectReturns(Callee->getBody(), Returns);
+    std::optional<Linear> Common;
+    for (const Expr *R : Returns) {
+      Linear V = LinearEval(A, Callee).eval(R, Depth + 1);
+      if (V.Opaque || (Common && Common->str() != V.str()))
+        return std::nullopt;
+      Common = V;
+    }
+    if (!Common)
+      return std::nullopt;
+    for (LinearTerm &T : Common->Terms) {
+      if (T.Value)
+        continue;
+      if (!renameParameters(T, Callee, CE))
+        return std::nullopt;
+    }
+    return Common;
+  }
+
+  /// Rewrites a term the callee names through a parameter (`q->depth`) in
+  /// the caller's words; false when the argument is not a plain name.
+  bool renameParameters(LinearTerm &T, const FunctionDecl *Callee,
+                        const CallExpr *CE) {
+    std::optional<Location> L = T.E ? locationOf(T.E) : std::nullopt;
+    if (!L)
+      return false;
+    const auto *P = dyn_cast_or_null<ParmVarDecl>(L->Root);
+    if (!P)
+      return !isa_and_nonnull<VarDecl>(L->Root) ||
+             cast<VarDecl>(L->Root)->hasGlobalStorage();
+    unsigned Index = P->getFunctionScopeIndex();
+    if (Index >= CE->getNumArgs())
+      return false;
+    const Expr *Arg = stripExpr(CE->getArg(Index));
+    if (!isa<DeclRefExpr>(Arg) && !isa<MemberExpr>(Arg))
+      return false;
+    std::string Name = P->getName().str();
+    if (!StringRef(T.Symbol).starts_with(Name))
+      return false;
+    T.Symbol = exprText(Ctx, Arg) + T.Symbol.substr(Name.size());
+    for (std::string &F : T.Factors)
+      if (StringRef(F).starts_with(Name))
+        F = exprText(Ctx, Arg) + F.substr(Name.size());
+    return true;
+  }
+
+  static void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const Expr *> &Out) {
+    if (!S)
+      return;
+    if (const auto *RS = dyn_cast<ReturnStmt>(S)) {
+      if (RS->getRetValue())
+        Out.push_back(RS->getRetValue());
+      return;
+    }
+    for (const Stmt *C : S->children())
+      collectReturns(C, Out);
   }
 
   Linear location(const Expr *E, const Location &L, unsigned Depth) {
