@@ -867,6 +867,44 @@ private:
     return L;
   }
 
+  /// Is \p S in \p Fn's body?
+  bool withinFunction(const FunctionDecl *Fn, const Stmt *S) const {
+    const SourceManager &SM = A.sources();
+    return Fn->getBody() &&
+           SM.isPointWithin(S->getBeginLoc(), Fn->getBody()->getBeginLoc(),
+                            Fn->getBody()->getEndLoc());
+  }
+
+  /// Does \p Fn bind a memory window (ibv_bind_mw, ibv_wr_bind_mw, a
+  /// BIND_MW work request it posts)?
+  bool bindsWindowIn(const FunctionDecl *Fn) const {
+    for (const ApiCall &C : A.calls())
+      if (C.Caller == Fn && (C.Model->E == Effect::MwBind ||
+                             (C.Model->E == Effect::WrxOp && C.Model->Op == Opcode::BindMw)))
+        return true;
+    for (const PostSite &P : W.posts())
+      for (const PostSite::Alternative &Alt : P.Alternatives)
+        if ((Alt.Via ? Alt.ViaFn : P.Fn) == Fn &&
+            llvm::any_of(Alt.Chain, [](const WrSlot &S) { return S.mayBe(Opcode::BindMw); }))
+          return true;
+    return false;
+  }
+
+  /// `brk.stats = aligned_alloc(..); ... free(brk.stats);`: every value of
+  /// \p Memory reaching \p At comes from an allocation in \p Fn.
+  bool allocatedHere(const FunctionDecl *Fn, const Location &Memory, const Stmt *At) const {
+    auto Defs = A.flow(Fn).reaching(A.flow(Fn).resolve(Memory), At);
+    return !Defs.empty() && llvm::all_of(Defs, [&](const Def *D) {
+      const auto *CE = D && D->K == Def::Assign && D->S &&
+                               A.sources().isBeforeInTranslationUnit(D->S->getBeginLoc(),
+                                                                     At->getBeginLoc())
+                           ? dyn_cast_or_null<CallExpr>(stripExpr(D->Value))
+                           : nullptr;
+      const FunctionModel *M = CE ? A.modelOf(CE) : nullptr;
+      return M && M->E == Effect::BufferAlloc;
+    });
+  }
+
   /// A DMA unmap or free: of a buffer behind a handle, or of the struct that
   /// holds handles.
   void released(const FunctionDecl *Fn, const CallExpr *CE, const Expr *Arg,
@@ -906,6 +944,11 @@ private:
         E.Binding = B.Binding;
         E.Window = B.Window;
         E.Stable = stable(Fn, *Freed);
+        // A window is put over memory by its bind, wherever its MR was
+        // registered.
+        E.FreshMemory = (B.Window ? !bindsWindowIn(Fn)
+                                  : B.Binding && !withinFunction(Fn, B.Binding)) &&
+                        allocatedHere(Fn, *Freed, CE);
         add(E);
         Named = true;
       }

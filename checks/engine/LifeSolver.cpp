@@ -1107,6 +1107,10 @@ private:
       S.Pending = nullptr;
       return;
     }
+    // Memory allocated on this path, while the handle was bound over other
+    // memory elsewhere: not the handle's.
+    if (E.FreshMemory)
+      return;
     if (E.K == LifeEventKind::BufferRelease && !S.FreedLive &&
         (S.L == Life::Unknown || S.L == Life::Live || S.L == Life::Exposed) &&
         remoteUntilDeregistered(W.Slot))

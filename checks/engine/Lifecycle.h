@@ -80,6 +80,9 @@ struct LifeEvent {
   /// BufferRelease: memory next to the handle in its struct, perhaps (not
   /// known to be) the memory behind it.
   bool Guessed = false;
+  /// BufferRelease: memory this function allocated on every path to the
+  /// release, while the handle is bound elsewhere: not the handle's memory.
+  bool FreshMemory = false;
   /// KeyStaged: into the caller's memory (a pointer parameter's target)
   /// or a global, not a message of this function.
   bool Outward = false;
