@@ -69,9 +69,9 @@ json::Object errorToJson(const ClangTidyError &E) {
 }
 
 json::Object conditionToJson(const ConditionalFinding &C) {
-  return json::Object{{"check", C.Check},   {"file", C.File},
-                      {"offset", C.Offset}, {"require", C.Require},
-                      {"unless", C.Unless}};
+  return json::Object{{"check", C.Check},     {"file", C.File},
+                      {"offset", C.Offset},   {"message", C.Message},
+                      {"require", C.Require}, {"unless", C.Unless}};
 }
 
 /// The array \p Key of object \p V, or null after reporting at \p P.
@@ -168,8 +168,8 @@ bool conditionFromJson(const json::Value &V, ConditionalFinding &C,
                        json::Path P) {
   json::ObjectMapper O(V, P);
   return O && O.map("check", C.Check) && O.map("file", C.File) &&
-         O.map("offset", C.Offset) && O.map("require", C.Require) &&
-         O.map("unless", C.Unless);
+         O.map("offset", C.Offset) && O.mapOptional("message", C.Message) &&
+         O.map("require", C.Require) && O.map("unless", C.Unless);
 }
 } // namespace
 

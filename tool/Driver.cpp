@@ -754,6 +754,12 @@ unsigned reportBrokenUnits(llvm::ArrayRef<UnitResult> Units,
   return Broken;
 }
 
+bool isConditionOf(const ConditionalFinding &C, const ClangTidyError &E) {
+  return E.DiagnosticName == C.Check && E.Message.FilePath == C.File &&
+         E.Message.FileOffset == C.Offset &&
+         (C.Message.empty() || E.Message.Message == C.Message);
+}
+
 void settleConditions(std::vector<UnitResult> &Units) {
   std::set<std::string> Facts;
   for (const UnitResult &U : Units)
@@ -765,10 +771,10 @@ void settleConditions(std::vector<UnitResult> &Units) {
           llvm::none_of(C.Unless, [&](const std::string &F) { return Facts.count(F); });
       if (Holds)
         continue;
-      llvm::erase_if(U.Findings, [&](const ClangTidyError &E) {
-        return E.DiagnosticName == C.Check && E.Message.FilePath == C.File &&
-               E.Message.FileOffset == C.Offset;
-      });
+      // The conditional finding itself, not another finding of the check
+      // at the same place.
+      llvm::erase_if(U.Findings,
+                     [&](const ClangTidyError &E) { return isConditionOf(C, E); });
     }
 }
 

@@ -75,6 +75,9 @@ inline constexpr llvm::StringLiteral NoRdmaCode = "no RDMA code";
 
 /// Drops the findings whose condition another unit's fact settles.
 void settleConditions(std::vector<UnitResult> &Units);
+/// Is \p E the finding \p C makes conditional (same check, place and
+/// text; entries cached before texts were kept match any text there)?
+bool isConditionOf(const ConditionalFinding &C, const clang::tidy::ClangTidyError &E);
 
 /// Loads the compile database named by -p (a directory or the JSON file).
 /// Relative `directory` entries are relative to the database's directory;

@@ -445,8 +445,7 @@ void streamUnit(const UnitResult &U, StringRef Root) {
   for (const Finding &F : collectFindings(ArrayRef(U), Root)) {
     const clang::tidy::ClangTidyError &E = *F.Error;
     bool Conditional = llvm::any_of(U.Facts.Conditions, [&](const ConditionalFinding &C) {
-      return C.Check == E.DiagnosticName && C.File == E.Message.FilePath &&
-             C.Offset == E.Message.FileOffset;
+      return isConditionOf(C, E);
     });
     if (!Conditional)
       Streamer->print(F);

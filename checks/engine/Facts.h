@@ -58,6 +58,9 @@ struct ConditionalFinding {
   std::string Check;
   std::string File;
   unsigned Offset = 0;
+  /// The finding's text: another finding of the check at the same place
+  /// (a window's and its MR's release at one free()) is not this one.
+  std::string Message;
   std::vector<std::string> Require;
   std::vector<std::string> Unless;
 };

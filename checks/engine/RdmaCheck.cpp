@@ -97,7 +97,7 @@ DiagnosticBuilder RdmaCheck::reportUnless(const TuAnalysis &A,
   SourceLocation At = userLoc(A.sources(), Loc);
   if (UnitFacts *Sink = currentFacts())
     Sink->Conditions.push_back({getID().str(), A.sources().getFilename(At).str(),
-                                A.sources().getFileOffset(At), {},
+                                A.sources().getFileOffset(At), Message.str(), {},
                                 {UnlessFact.str()}});
   // Settled by the program's facts: an ignored diagnostic drops its notes.
   if (Known && Known->count(UnlessFact.str()))
@@ -122,8 +122,8 @@ RdmaCheck::reportIfProgram(const TuAnalysis &A, SourceLocation Loc,
     return std::nullopt;
   SourceLocation At = userLoc(A.sources(), Loc);
   Sink->Conditions.push_back({getID().str(), A.sources().getFilename(At).str(),
-                              A.sources().getFileOffset(At), std::move(Require),
-                              std::move(Unless)});
+                              A.sources().getFileOffset(At), Message.str(),
+                              std::move(Require), std::move(Unless)});
   return diag(At, Message);
 }
 
