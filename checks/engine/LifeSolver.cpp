@@ -2838,7 +2838,15 @@ private:
     I.HeldAt = S.HeldAt;
     I.OwnFailure = failedHere(W, S);
     I.Unconfirmed = unconfirmed(S);
+    I.Window = holdsWindow(W.Slot);
     addIncident(W, I);
+  }
+
+  /// Is \p Slot a field or variable of memory-window type?
+  bool holdsWindow(const SlotKey &Slot) const {
+    const FieldDecl *F = Slot.path().empty() ? nullptr : Slot.path().back().Field;
+    bool Window = false;
+    return F && isHandleType(A, F->getType(), &Window) && Window;
   }
 
   static LifeIncident::Confirmation unconfirmed(const PathState &S) {
@@ -2940,7 +2948,8 @@ std::string LifeIncident::releasedHere() const {
 }
 
 const char *LifeIncident::handleNoun() const {
-  return ulplint::handleNoun((Produced && Produced->Window) || (At && At->Window));
+  return ulplint::handleNoun(Window || (Produced && Produced->Window) ||
+                             (At && At->Window));
 }
 
 std::string LifeIncident::what() const {

@@ -121,6 +121,7 @@ struct LifeIncident {
   SlotKey Slot;
   const clang::FunctionDecl *Fn = nullptr;
   const LifeEvent *At = nullptr;           // the release / overwrite event
+  bool Window = false;                     // the slot holds a memory window
   const clang::Stmt *Exit = nullptr;       // LeakAtReturn: the return
   const LifeEvent *Produced = nullptr;
   const LifeEvent *Exposed = nullptr;

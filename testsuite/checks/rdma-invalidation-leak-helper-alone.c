@@ -113,7 +113,7 @@ int rm_done(struct rm_ep *ep, struct rm_win *w)
 void rm_peer_error(struct rm_ep *ep, struct rm_win *w)
 {
 	rm_win_put(ep, w);
-	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'rm_win_put' recycles the request that holds a memory {{region|window}} whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'rm_win_put' recycles the request that holds a memory window whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
 }
 
 static void rm_timeout(struct rm_ep *ep, struct rm_win *w)
@@ -122,7 +122,7 @@ static void rm_timeout(struct rm_ep *ep, struct rm_win *w)
 	w->len = 0;
 	w->next = ep->free_list;
 	ep->free_list = w;
-	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'free list' recycles the request that holds a memory {{region|window}} whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+	// CHECK-MESSAGES: :[[@LINE-1]]:2: warning: 'free list' recycles the request that holds a memory window whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
 }
 
 void rm_check_timeouts(struct rm_ep *ep)

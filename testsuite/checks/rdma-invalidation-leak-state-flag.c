@@ -118,7 +118,7 @@ void ts_expire(struct ts_client *c, struct ts_tensor *t)
 			t->busy = 0;
 	} else {
 		t->busy = 0;
-		// CHECK-MESSAGES: :[[@LINE-1]]:3: warning: 't->busy = 0' recycles the request that holds a memory {{region|window}} whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+		// CHECK-MESSAGES: :[[@LINE-1]]:3: warning: 't->busy = 0' recycles the request that holds a memory window whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
 	}
 }
 

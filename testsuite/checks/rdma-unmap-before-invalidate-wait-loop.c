@@ -116,7 +116,7 @@ void wq_abort_all(struct wq_queue *q) {
 void wq_cancel(struct wq_queue *q, struct wq_req *req) {
   if (wq_post_inv(q, req->cid, req->rkey, 0))
     wq_req_done(q, req);
-  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'wq_req_done' recycles the request that holds a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'wq_req_done' recycles the request that holds a memory window whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
 }
 
 // Near miss: every LOCAL_INV is posted, then the loop polls until none is
@@ -196,7 +196,7 @@ int wq_lease_once(struct wq_queue *q, size_t len) {
   req->busy = 1;
   if (wq_grant(q, req, len) == WQ_OK)
     wq_req_done(q, req);
-  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'wq_req_done' recycles the request that holds a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+  // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'wq_req_done' recycles the request that holds a memory window whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
   return 0;
 }
 
@@ -212,7 +212,7 @@ static void wq_reap(struct wq_queue *q, uint64_t now) {
     if (!req->busy || req->deadline > now)
       continue;
     wq_req_done(q, req);
-    // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'wq_req_done' recycles the request that holds a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+    // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'wq_req_done' recycles the request that holds a memory window whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
   }
 }
 

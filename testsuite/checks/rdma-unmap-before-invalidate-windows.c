@@ -168,7 +168,7 @@ void os_reap(struct os_server *s) {
     if (!r->open || !r->doomed)
       continue;
     r->open = 0;
-    // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'r->open = 0' recycles the request that holds a memory region whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
+    // CHECK-MESSAGES: :[[@LINE-1]]:5: warning: 'r->open = 0' recycles the request that holds a memory window whose rkey is still valid for the peer: no LOCAL_INV or checked remote invalidation on this path; the peer keeps access to memory that is handed back [rdma-invalidation-leak]
     os_region_drop(r);
   }
 }
