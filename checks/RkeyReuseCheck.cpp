@@ -11,19 +11,6 @@ using namespace clang;
 
 namespace ulplint {
 
-/// The values the body \p S returns.
-static void returnedValues(const Stmt *S, SmallVectorImpl<const Expr *> &Out) {
-  if (!S)
-    return;
-  if (const auto *RS = dyn_cast<ReturnStmt>(S)) {
-    if (RS->getRetValue())
-      Out.push_back(RS->getRetValue());
-    return;
-  }
-  for (const Stmt *Child : S->children())
-    returnedValues(Child, Out);
-}
-
 static bool incrementedAt(const TuAnalysis &A, const FunctionDecl *Fn,
                           const Location &L, const Stmt *At, unsigned Depth,
                           const Stmt *Loop = nullptr);
@@ -48,8 +35,7 @@ static bool isIncrementedKey(const TuAnalysis &A, const FunctionDecl *Fn,
     Callee = Callee ? Callee->getDefinition() : nullptr;
     if (!Callee || !llvm::is_contained(A.functions(), Callee))
       return false;
-    SmallVector<const Expr *, 4> Returns;
-    returnedValues(Callee->getBody(), Returns);
+    auto Returns = returnValues(Callee);
     return !Returns.empty() && llvm::all_of(Returns, [&](const Expr *R) {
       return isIncrementedKey(A, Callee, R, Depth + 1);
     });
@@ -253,8 +239,7 @@ bool RkeyReuseCheck::reportAtCallers(const TuAnalysis &A, const FunctionDecl *Fn
   const auto *P = L && L->Steps.empty() ? dyn_cast_or_null<ParmVarDecl>(L->Root) : nullptr;
   if (!P || Depth > 2)
     return false;
-  auto Defs = A.flow(Fn).reaching(*L, At);
-  if (Defs.size() != 1 || Defs.front())
+  if (!A.flow(Fn).onlyEntryValue(*L, At))
     return false; // the parameter is assigned before the bind
   auto Callers = A.callersOf(Fn);
   if (Callers.empty() || llvm::any_of(Callers, [&](const auto &CC) {

@@ -127,6 +127,12 @@ public:
   /// a null entry stands for the value \p L has when the function starts.
   llvm::SmallVector<const Def *, 4> reaching(const Location &L,
                                              const clang::Stmt *At) const;
+  /// Does only the value \p L had on entry reach \p At (a parameter as
+  /// the caller passed it: no assignment in the function reaches)?
+  bool onlyEntryValue(const Location &L, const clang::Stmt *At) const {
+    auto Defs = reaching(L, At);
+    return Defs.size() == 1 && !Defs.front();
+  }
   /// Follows single-assignment local pointers: `mr` after `mr = req->mr`
   /// resolves to `req.mr`.
   Location resolve(Location L) const;

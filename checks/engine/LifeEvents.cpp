@@ -198,8 +198,7 @@ std::vector<SlotKey> KeyTracker::holdersOf(const FunctionDecl *Fn, const Expr *V
     return Holder.isShared() ? std::vector<SlotKey>{Holder} : std::vector<SlotKey>{};
   }
   const auto *P = dyn_cast_or_null<ParmVarDecl>(L->Root);
-  auto Defs = P ? A.flow(Fn).reaching(*L, At) : decltype(A.flow(Fn).reaching(*L, At)){};
-  if (Defs.size() != 1 || Defs.front())
+  if (!P || !A.flow(Fn).onlyEntryValue(*L, At))
     return {};
   std::vector<SlotKey> Out;
   for (const auto &[Call, Caller] : A.callersOf(Fn)) {
@@ -867,14 +866,6 @@ private:
     return L;
   }
 
-  /// Is \p S in \p Fn's body?
-  bool withinFunction(const FunctionDecl *Fn, const Stmt *S) const {
-    const SourceManager &SM = A.sources();
-    return Fn->getBody() &&
-           SM.isPointWithin(S->getBeginLoc(), Fn->getBody()->getBeginLoc(),
-                            Fn->getBody()->getEndLoc());
-  }
-
   /// Does \p Fn bind a memory window (ibv_bind_mw, ibv_wr_bind_mw, a
   /// BIND_MW work request it posts)?
   bool bindsWindowIn(const FunctionDecl *Fn) const {
@@ -946,9 +937,9 @@ private:
         E.Stable = stable(Fn, *Freed);
         // A window is put over memory by its bind, wherever its MR was
         // registered.
-        E.FreshMemory = (B.Window ? !bindsWindowIn(Fn)
-                                  : B.Binding && !withinFunction(Fn, B.Binding)) &&
-                        allocatedHere(Fn, *Freed, CE);
+        E.FreshMemory = allocatedHere(Fn, *Freed, CE) &&
+                        (B.Window ? !bindsWindowIn(Fn)
+                                  : B.Binding && !A.flow(Fn).parents().hasParent(B.Binding));
         add(E);
         Named = true;
       }

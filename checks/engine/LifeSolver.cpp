@@ -2842,7 +2842,7 @@ private:
     addIncident(W, I);
   }
 
-  /// Is \p Slot a field or variable of memory-window type?
+  /// Is \p Slot a struct field of memory-window type?
   bool holdsWindow(const SlotKey &Slot) const {
     const FieldDecl *F = Slot.path().empty() ? nullptr : Slot.path().back().Field;
     bool Window = false;

@@ -184,10 +184,8 @@ private:
     if (!Callee || Callee == Fn || Depth > 8 ||
         !llvm::is_contained(A.functions(), Callee))
       return std::nullopt;
-    llvm::SmallVector<const Expr *, 2> Returns;
-    collectReturns(Callee->getBody(), Returns);
     std::optional<Linear> Common;
-    for (const Expr *R : Returns) {
+    for (const Expr *R : returnValues(Callee)) {
       Linear V = LinearEval(A, Callee).eval(R, Depth + 1);
       if (V.Opaque || (Common && Common->str() != V.str()))
         return std::nullopt;
@@ -198,7 +196,7 @@ private:
     for (LinearTerm &T : Common->Terms) {
       if (T.Value)
         continue;
-      if (!renameParameters(T, Callee, CE))
+      if (!renameParameters(T, CE))
         return std::nullopt;
     }
     return Common;
@@ -206,8 +204,7 @@ private:
 
   /// Rewrites a term the callee names through a parameter (`q->depth`) in
   /// the caller's words; false when the argument is not a plain name.
-  bool renameParameters(LinearTerm &T, const FunctionDecl *Callee,
-                        const CallExpr *CE) {
+  bool renameParameters(LinearTerm &T, const CallExpr *CE) {
     std::optional<Location> L = T.E ? locationOf(T.E) : std::nullopt;
     if (!L)
       return false;
@@ -229,18 +226,6 @@ private:
       if (StringRef(F).starts_with(Name))
         F = exprText(Ctx, Arg) + F.substr(Name.size());
     return true;
-  }
-
-  static void collectReturns(const Stmt *S, llvm::SmallVectorImpl<const Expr *> &Out) {
-    if (!S)
-      return;
-    if (const auto *RS = dyn_cast<ReturnStmt>(S)) {
-      if (RS->getRetValue())
-        Out.push_back(RS->getRetValue());
-      return;
-    }
-    for (const Stmt *C : S->children())
-      collectReturns(C, Out);
   }
 
   Linear location(const Expr *E, const Location &L, unsigned Depth) {

@@ -254,24 +254,6 @@ static void preferLocal(std::vector<const FieldStore *> &Stores,
     llvm::erase_if(Stores, [&](const FieldStore *S) { return S->Fn != Fn; });
 }
 
-namespace {
-struct ReturnedValueFinder : RecursiveASTVisitor<ReturnedValueFinder> {
-  std::vector<const Expr *> Values;
-  bool VisitReturnStmt(ReturnStmt *RS) {
-    if (RS->getRetValue())
-      Values.push_back(RS->getRetValue());
-    return true;
-  }
-};
-} // namespace
-
-/// The values \p Fn returns.
-static std::vector<const Expr *> returnedValues(const FunctionDecl *Fn) {
-  ReturnedValueFinder RF;
-  RF.TraverseStmt(Fn->getBody());
-  return RF.Values;
-}
-
 /// What an lkey value names: `mr->lkey` -> mr; `pd->local_dma_lkey` -> DMA.
 /// An lkey the function takes as a parameter (`imgsrv_read(s, dst, lkey,
 /// ...)`) names, at each call, what the caller passes: that call is then
@@ -298,7 +280,7 @@ static void addressSink(const TuAnalysis &A, const FunctionDecl *Fn,
     const FunctionDecl *Callee = CE->getDirectCallee();
     Callee = Callee ? Callee->getDefinition() : nullptr;
     if (Callee && Callee != Fn && llvm::is_contained(A.functions(), Callee))
-      for (const Expr *Ret : returnedValues(Callee))
+      for (const Expr *Ret : returnValues(Callee))
         addressSink(A, Callee, Ret, Proto, Out, Depth + 1);
     return;
   }

@@ -1342,6 +1342,7 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
         std::vector<Node> Roots;
         Chains.roots(Wr, C.Caller, nullptr, 0, Roots, T);
         std::vector<Node> Best;
+        size_t BestAlt = 0;
         for (Node &Root : Roots) {
           std::vector<Node> Chain = Root.TailChain
                                         ? *Root.TailChain
@@ -1361,17 +1362,17 @@ WorkRequests::WorkRequests(const TuAnalysis &A) : A(A) {
             Chains.signalAtPost(S, P);
             Alt.Chain.push_back(std::move(S));
           }
-          if (ChainBuilder::entries(Chain) > ChainBuilder::entries(Best))
+          if (ChainBuilder::entries(Chain) > ChainBuilder::entries(Best)) {
             Best = std::move(Chain);
+            BestAlt = P.Alternatives.size() - 1;
+          }
         }
         P.Setup = !Best.empty() &&
                   llvm::all_of(Best, [&](const Node &N) {
                     return connectionRegistration(A, Chains, N, P);
                   });
-        for (Node &N : Best) {
-          Chains.signalAtPost(N.S, P);
-          P.Chain.push_back(std::move(N.S));
-        }
+        if (!Best.empty())
+          P.Chain = P.Alternatives[BestAlt].Chain;
       }
       P.Complete = T.Complete;
       P.CoreManaged |= T.Core;
