@@ -1,4 +1,5 @@
 // RUN: %check_ulplint %s rdma-remote-invalidate-unchecked %t
+// RUN: %check_ulplint --mode=plugin %s rdma-remote-invalidate-unchecked %t.plugin
 
 // Userspace: the initiator deregisters a buffer when the response says
 // "with invalidate", without checking which key was invalidated.

@@ -1,4 +1,5 @@
 // RUN: %check_ulplint %s rdma-rkey-reuse %t
+// RUN: %check_ulplint --mode=plugin %s rdma-rkey-reuse %t.plugin
 
 // Userspace type-2 windows re-bound for each request.
 
