@@ -8,6 +8,12 @@ using namespace clang;
 
 namespace ulplint {
 
+/// The call that produced the handle, also when a local carried it into
+/// the slot (`mr = ib_mr_pool_get(..); req->mr = mr;`).
+static SourceLocation obtainedAt(const LifeEvent &Produced) {
+  return Produced.Binding ? Produced.Binding->getBeginLoc() : Produced.Loc;
+}
+
 void MrLeakCheck::checkUnit(const TuAnalysis &A) {
   const Lifecycle &L = Lifecycle::of(A);
   std::set<std::pair<unsigned, SlotKey>> Reported; // one finding per place
@@ -24,7 +30,7 @@ void MrLeakCheck::checkUnit(const TuAnalysis &A) {
                  " without releasing the " + What + From +
                  (I.Local ? "" : " (held in " + I.Slot.str() + ")") + "; it leaks");
       if (I.Produced)
-        note(A, I.Produced->Loc, What + " obtained here");
+        note(A, obtainedAt(*I.Produced), What + " obtained here");
       if (I.ErrorBranch)
         note(A, I.ErrorBranch->getBeginLoc(), "error path taken here");
     } else if (I.K == LifeIncident::LeakOverwrite) {
@@ -37,7 +43,7 @@ void MrLeakCheck::checkUnit(const TuAnalysis &A) {
                               : "'" + I.Slot.str() + "' is overwritten while it "
                                 "still holds a " + What + "; it leaks");
       if (I.Produced)
-        note(A, I.Produced->Loc, What + " obtained here");
+        note(A, obtainedAt(*I.Produced), What + " obtained here");
       else if (I.HeldAt)
         note(A, I.HeldAt->getBeginLoc(), "this path saw the " + What + " here");
     }

@@ -527,6 +527,111 @@ public:
     }
   }
 
+  /// `mr = ib_mr_pool_get(..); ...; req->mr = mr;`: the struct receives
+  /// the handle this function just produced, as if the call had stored it
+  /// there; the store is that slot's Produce, not an overwrite with a
+  /// handle of unknown origin.
+  void produceThroughLocals() {
+    std::map<SlotKey, std::set<SlotKey>> Into; // the local -> the structs
+    for (LifeEvent &E : L.Events) {
+      if (E.K != LifeEventKind::Overwrite || !E.Slot.isShared())
+        continue;
+      // Only into the caller's struct (`ioctx->mr = mr`): a struct this
+      // function made and linked somewhere owns its handle with it.
+      const auto *BO = dyn_cast_or_null<BinaryOperator>(E.S);
+      if (!BO || !intoParameter(E.Fn, BO->getLHS()))
+        continue;
+      const LifeEvent *P = producedInto(E.Fn, BO->getRHS(), BO);
+      if (!P || namedAfter(P->Slot, E.Fn, BO))
+        continue;
+      E.K = LifeEventKind::Produce;
+      E.Reusable = P->Reusable;
+      E.By = P->By;
+      E.Window = P->Window;
+      E.Remote = P->Remote;
+      E.Binding = P->Binding;
+      E.What = P->What;
+      // `if (!d->mr) { mr = ib_alloc_mr(..); d->mr = mr; }`: filled once.
+      if (std::optional<Location> Target = locationOf(BO->getLHS()))
+        E.Lazy = lazy(E.Fn, BO, *Target);
+      Into[P->Slot].insert(E.Slot);
+    }
+    // Memory registered through the local (`mr = ibv_reg_mr(pd, s->locks,
+    // ..); s->mr = mr;`) is the struct's handle's memory where other
+    // functions release it (`free(s->locks)` in a grow or a teardown).
+    for (LifeEvent &E : L.Events)
+      if (E.K == LifeEventKind::BufferRelease && E.Slot.isLocal() &&
+          E.Fn != E.Slot.function())
+        if (auto It = Into.find(E.Slot); It != Into.end() && It->second.size() == 1)
+          E.Slot = *It->second.begin();
+  }
+
+  /// Is \p Lhs storage reached through a parameter of \p Fn?
+  bool intoParameter(const FunctionDecl *Fn, const Expr *Lhs) {
+    std::optional<Location> L = locationOf(Lhs);
+    if (!L)
+      return false;
+    Location R = A.flow(Fn).resolve(*L);
+    return R.Root && isa<ParmVarDecl>(R.Root) && !R.Steps.empty();
+  }
+
+  /// Does \p Fn still act on the handle through the local \p Slot after
+  /// \p Store (`io->mr = mr; ... ib_dereg_mr(mr)`)? Then the local stays its
+  /// name there, and the struct's copy is not tracked as a second handle.
+  bool namedAfter(const SlotKey &Slot, const FunctionDecl *Fn, const Stmt *Store) {
+    auto ActsOnHandle = [](LifeEventKind K) {
+      switch (K) {
+      case LifeEventKind::Bind: // mapping pages: the struct's copy is the same
+      case LifeEventKind::Produce:
+      case LifeEventKind::Overwrite:
+      case LifeEventKind::Post:
+      case LifeEventKind::Call:
+      case LifeEventKind::Wait:
+      case LifeEventKind::Fresh:
+      case LifeEventKind::Repoint:
+        return false;
+      default:
+        return true;
+      }
+    };
+    return llvm::any_of(L.Events, [&](const LifeEvent &O) {
+      return O.Fn == Fn && O.Slot == Slot && O.S && O.S != Store &&
+             ActsOnHandle(O.K) && A.flow(Fn).reachableFrom(Store, O.S);
+    });
+  }
+
+  /// The Produce of \p Fn whose handle the local \p Value holds at \p At:
+  /// every assignment reaching there stores a produced handle (the first
+  /// in the source names them).
+  const LifeEvent *producedInto(const FunctionDecl *Fn, const Expr *Value,
+                                const Stmt *At) {
+    const auto *DRE = dyn_cast<DeclRefExpr>(stripExpr(Value));
+    const auto *Var = DRE ? dyn_cast<VarDecl>(DRE->getDecl()) : nullptr;
+    if (!Var || !Var->isLocalVarDecl())
+      return nullptr;
+    std::optional<Location> Local = locationOf(DRE);
+    if (!Local)
+      return nullptr;
+    SlotKey Slot = slotOf(A, *Local, Fn);
+    const LifeEvent *First = nullptr;
+    auto Defs = A.flow(Fn).reaching(*Local, At);
+    for (const Def *D : Defs) {
+      const auto *Call = D && D->K == Def::Assign && D->Value
+                             ? dyn_cast<CallExpr>(stripExpr(D->Value))
+                             : nullptr;
+      const LifeEvent *P = nullptr;
+      for (const LifeEvent &O : L.Events)
+        if (O.K == LifeEventKind::Produce && O.Fn == Fn && O.S == Call &&
+            O.Slot == Slot)
+          P = &O;
+      if (!Call || !P)
+        return nullptr;
+      if (!First || A.sources().isBeforeInTranslationUnit(P->Loc, First->Loc))
+        First = P;
+    }
+    return First;
+  }
+
   /// The Produce whose handle \p Fn returns, if the handle is fresh: the
   /// result of a registration returned as is, or held in a local of \p Fn
   /// that nothing stores elsewhere.
@@ -688,6 +793,8 @@ private:
         Allocations.push_back({Fn, CE, *Result, Name.str()});
       break;
     case Effect::WaitCompletion:
+      waitedOrDone(Fn, CE, Name);
+      [[fallthrough]];
     case Effect::CqPoll:
     case Effect::QpDrain:   // every posted work request has completed
     case Effect::QpDrainSq: // ... every send work request
@@ -798,6 +905,56 @@ private:
         return true;
     }
     return false;
+  }
+
+  /// `if (!atomic_dec_and_test(&c->pending)) wait_event(c->wq,
+  /// atomic_read(&c->pending) == 0);`: the wait is skipped only when the
+  /// counter it waits on already says every completion arrived. The test
+  /// of that counter is then a wait on both branches.
+  void waitedOrDone(const FunctionDecl *Fn, const CallExpr *Wait, StringRef Name) {
+    const ParentMap &PM = A.flow(Fn).parents();
+    const Stmt *Child = Wait;
+    for (const Stmt *P = PM.getParent(Wait); P; Child = P, P = PM.getParent(P)) {
+      // The wait macro's own tests are not the caller's.
+      const auto *If = dyn_cast<IfStmt>(P);
+      if (!If || If->getBeginLoc().isMacroID())
+        continue;
+      if (If->getThen() != Child)
+        return;
+      const CallExpr *Test = counterTest(If->getCond(), If->getThen());
+      if (Test)
+        add(event(LifeEventKind::Wait, SlotKey(), Fn, Test, Test->getBeginLoc(), Name));
+      return;
+    }
+  }
+
+  /// The call in \p Cond that reads a counter \p Then also reads (the
+  /// wait's condition), if any.
+  static const CallExpr *counterTest(const Expr *Cond, const Stmt *Then) {
+    const auto *CE = dyn_cast<CallExpr>(stripExpr(Cond));
+    if (const auto *UO = dyn_cast<UnaryOperator>(stripExpr(Cond)))
+      CE = dyn_cast<CallExpr>(stripExpr(UO->getSubExpr()));
+    if (!CE)
+      return nullptr;
+    for (const Expr *Arg : CE->arguments()) {
+      const Expr *Counter = stripExpr(Arg);
+      if (const auto *Addr = dyn_cast<UnaryOperator>(Counter);
+          Addr && Addr->getOpcode() == UO_AddrOf)
+        Counter = stripExpr(Addr->getSubExpr());
+      std::optional<Location> L = locationOf(Counter);
+      if (L && !L->Steps.empty() && mentions(Then, *L))
+        return CE;
+    }
+    return nullptr;
+  }
+
+  static bool mentions(const Stmt *S, const Location &L) {
+    if (!S)
+      return false;
+    if (const auto *E = dyn_cast<Expr>(S))
+      if (auto M = locationOf(E); M && *M == L)
+        return true;
+    return llvm::any_of(S->children(), [&](const Stmt *C) { return mentions(C, L); });
   }
 
   bool remote(const FunctionDecl *Fn, const ApiCall &C) {
@@ -1595,6 +1752,7 @@ void extractEvents(Lifecycle &L) {
   for (const FunctionDecl *Fn : L.A.functions())
     B.extract(Fn);
   B.produceFromHelpers();
+  B.produceThroughLocals();
   B.freshAllocations();
   B.exposeUnpostedRegistrations();
   B.exposeLeavingKeys();

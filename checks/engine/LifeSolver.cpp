@@ -575,6 +575,13 @@ private:
            O.Anchor == I.Anchor;
   }
 
+  /// Does \p Fn itself produce a handle into \p Slot?
+  bool producesInto(const FunctionDecl *Fn, const SlotKey &Slot) const {
+    return llvm::any_of(LC.Events, [&](const LifeEvent &E) {
+      return E.K == LifeEventKind::Produce && E.Fn == Fn && E.Slot == Slot;
+    });
+  }
+
   /// The loop of \p Helper that points at \p I's object, if any.
   const Stmt *ownLoop(const FunctionDecl *Helper, const LifeIncident &I) {
     const Stmt *Where = I.Anchor && I.AnchorFn == Helper ? I.Anchor
@@ -1426,8 +1433,14 @@ private:
       // A handle this function did not produce either, overwritten by the
       // helper: the helper's statement is the mistake (dlm_space_grow's
       // `s->mr = nmr` reached from a poll loop), not this call.
+      // So is a helper's that replaces the handle itself (a grow: free the
+      // old memory, register the new, store it over the old handle).
+      bool Replaces = (I.K == LifeIncident::LeakOverwrite ||
+                       I.K == LifeIncident::ReleaseWhileExposed) &&
+                      I.At && producesInto(I.At->Fn, I.Slot);
       bool HelpersOwn = (I.K == LifeIncident::LeakOverwrite && S.Produced == &EntryMarker) ||
-                        (I.K == LifeIncident::ReleaseWhileExposed && helperAlone(W, E));
+                        (I.K == LifeIncident::ReleaseWhileExposed && helperAlone(W, E)) ||
+                        Replaces;
       // A timeout or reaper loop in the helper picks its own objects
       // (`for (..) { s = &pool->slots[i]; if (expired) put(s); }`): the
       // state it found them in is theirs, not this caller's.
@@ -2632,10 +2645,11 @@ private:
       return true;
     // A registration that replaced the slot's previous one (`dereg(c->mr);
     // c->mr = reg(..)`: a buffer that grows) found the struct set up; the
-    // teardown that releases the slot owns it as it did the old one.
+    // teardown that releases the slot owns it as it did the old one, also
+    // when a later post fails (the function's own dereg was the old one's).
     bool Replaced = S.Produced && replacesHeld(*S.Produced);
     const Releasers &R = releasersOf(W.Fn, W.Slot, PostFailed || Replaced);
-    if (Replaced && !PostFailed)
+    if (Replaced)
       return !R.Cleanup;
     // A function that deregisters the handle on another of its paths owns
     // it on this one too, whoever cleans up after a failed post.

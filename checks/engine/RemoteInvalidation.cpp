@@ -356,23 +356,71 @@ bool comparesParameterKey(const TuAnalysis &A, const KeyTracker &Keys,
   return F.Found;
 }
 
+/// Nothing (a void function), a negative constant, false or NULL.
+bool failureValue(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *V) {
+  if (!V)
+    return Fn->getReturnType()->isVoidType();
+  std::optional<int64_t> C = A.values(Fn).constant(V);
+  if (Fn->getReturnType()->isBooleanType())
+    return C && *C == 0;
+  if (Fn->getReturnType()->isPointerType())
+    return V->IgnoreParenImpCasts()->isNullPointerConstant(
+        const_cast<ASTContext &>(A.context()), Expr::NPC_ValueDependentIsNotNull);
+  return C && *C < 0;
+}
+
+/// Is \p F code of this unit's own file (a helper that may complete the
+/// request), rather than declared or inlined from a header (`queue_work`)?
+bool definedInUnit(const TuAnalysis &A, const FunctionDecl *F) {
+  const FunctionDecl *Def = F->getDefinition();
+  return Def && A.sources().isInMainFile(A.sources().getExpansionLoc(Def->getLocation()));
+}
+
+/// A handle, or a pointer to a struct that holds one (the request a
+/// `call_put(c, call)` completes), directly or in an embedded struct.
+bool carriesHandles(const TuAnalysis &A, QualType T, unsigned Depth = 0) {
+  if (isHandleType(A, T))
+    return true;
+  if (const auto *P = T->getAs<PointerType>(); P && Depth == 0)
+    T = P->getPointeeType();
+  else if (const auto *AT = T->getAsArrayTypeUnsafe())
+    T = AT->getElementType();
+  const RecordDecl *RD = T->getAsRecordDecl();
+  RD = RD ? RD->getDefinition() : nullptr;
+  return RD && Depth < 2 && llvm::any_of(RD->fields(), [&](const FieldDecl *F) {
+           return carriesHandles(A, F->getType(), Depth + 1);
+         });
+}
+
 /// `if (wc->wc_flags & IBV_WC_WITH_INV) return -EPROTO;`: the branch
-/// taken for an invalidating completion only logs and returns an error
-/// code; it refuses the invalidation rather than accepting it.
+/// taken for an invalidating completion drops the message: it logs, may
+/// hand the connection to error recovery elsewhere (`queue_work(..,
+/// &ch->err_work)`), and leaves with nothing or a failure (a negative
+/// code, false, NULL). It refuses the invalidation rather than accepting
+/// it: nothing is stored, and no helper of this file, modelled API or
+/// call given a request (a struct holding a handle) runs, any of which
+/// could complete or release the request.
 bool rejects(const TuAnalysis &A, const FunctionDecl *Fn, const Stmt *Branch) {
   const auto *Ret = dyn_cast_or_null<ReturnStmt>(lastStatement(Branch));
-  std::optional<int64_t> V =
-      Ret && Ret->getRetValue() ? A.values(Fn).constant(Ret->getRetValue())
-                                : std::nullopt;
-  if (!V || *V >= 0)
+  if (!Ret || !failureValue(A, Fn, Ret->getRetValue()))
     return false;
+  // A bare `return;` may skip what follows (the LOCAL_INV it makes
+  // unnecessary): a drop says so, in a log line or a recovery call.
+  bool Void = !Ret->getRetValue();
   const auto *CS = dyn_cast<CompoundStmt>(Branch);
   if (!CS)
-    return true;
+    return !Void;
+  if (Void && CS->size() < 2)
+    return false;
   return llvm::all_of(CS->body(), [&](const Stmt *S) {
     const auto *CE = dyn_cast<CallExpr>(S);
     const FunctionDecl *F = CE ? CE->getDirectCallee() : nullptr;
-    return S == Ret || (F && F->isVariadic()); // logging
+    if (S == Ret || (F && F->isVariadic())) // logging
+      return true;
+    return F && !A.modelOf(CE) && !definedInUnit(A, F) &&
+           llvm::none_of(CE->arguments(), [&](const Expr *Arg) {
+             return carriesHandles(A, Arg->getType());
+           });
   });
 }
 

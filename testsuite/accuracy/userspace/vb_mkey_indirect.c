@@ -456,6 +456,6 @@ struct mk_qpair *mk_qpair_create(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t 
 			goto err;
 	return qp;
 err:
-	mk_qpair_destroy(qp);
+	mk_qpair_destroy(qp);	// BUG: rdma-mr-leak -- after a later setup step fails, qp->meta_mr is still registered and mk_qpair_destroy() frees the qpair without deregistering it
 	return NULL;
 }
