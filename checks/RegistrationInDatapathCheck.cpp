@@ -116,9 +116,12 @@ static bool registersLazily(const TuAnalysis &A, const ApiCall &C) {
   return false;
 }
 
+static bool attachedToConnection(const TuAnalysis &A, const FunctionDecl *Fn,
+                                 const Location &Handle);
+
 /// The MR handle lives as long as a connection: in a global, or in a struct
 /// that also holds the connection's QP, CQ or PD (`conn->login_mr`,
-/// `dev->mr`). Registering it happens once per connection even when the
+/// `dev->mr`), or in one the function hangs on such a struct. Registering it happens once per connection even when the
 /// code that does it is reached from the completion path.
 static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
   std::optional<Location> L = registeredHandle(A, C);
@@ -132,7 +135,39 @@ static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
   // An array element counts by the struct holding the array: a
   // connection's table of MRs (`conn->cmd_mrs[i]`) is filled once.
   const FieldDecl *Last = R.lastField();
-  return Last && A.holdsConnection(Last->getParent());
+  return Last && (A.holdsConnection(Last->getParent()) ||
+                  attachedToConnection(A, C.Caller, R));
+}
+
+/// A pointer to a struct that links to its own kind (`t->next`): one entry
+/// of a list (a temporary registration pushed per put), not a part.
+static bool isListNode(QualType T) {
+  const auto *P = T->getAs<PointerType>();
+  const RecordDecl *RD = P ? P->getPointeeType()->getAsRecordDecl() : nullptr;
+  RD = RD ? RD->getDefinition() : nullptr;
+  return RD && llvm::any_of(RD->fields(), [&](const FieldDecl *F) {
+           const auto *FP = F->getType()->getAs<PointerType>();
+           const RecordDecl *To = FP ? FP->getPointeeType()->getAsRecordDecl() : nullptr;
+           return To && To->getCanonicalDecl() == RD->getCanonicalDecl();
+         });
+}
+
+/// `cmb = kzalloc(..); cmb->mr = ib_alloc_mr(..); ...; q->cmb = cmb;`: the
+/// struct holding the handle is made here and hung on the connection.
+static bool attachedToConnection(const TuAnalysis &A, const FunctionDecl *Fn,
+                                 const Location &Handle) {
+  const auto *Holder = dyn_cast_or_null<VarDecl>(Handle.Root);
+  if (!Holder || !Holder->hasLocalStorage() || isa<ParmVarDecl>(Holder) ||
+      isListNode(Holder->getType()))
+    return false;
+  const FunctionFlow &Flow = A.flow(Fn);
+  return llvm::any_of(Flow.defs(), [&](const Def &D) {
+    std::optional<Location> V =
+        D.K == Def::Assign && D.Value ? locationOf(D.Value) : std::nullopt;
+    const FieldDecl *Into = Flow.resolve(D.Target).lastField();
+    return V && V->Root == Holder && V->Steps.empty() && Into &&
+           A.holdsConnection(Into->getParent());
+  });
 }
 
 /// The variable \p E names, through casts.
