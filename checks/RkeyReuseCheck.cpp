@@ -132,6 +132,17 @@ static bool freshWindow(const TuAnalysis &A, const FunctionDecl *Fn,
   });
 }
 
+/// `post_bind(c, ps->mw, ps->mw->rkey)` right after `ps->mw =
+/// ibv_alloc_mw(..)`: the allocation key of a window never bound, which no
+/// peer has seen.
+static bool keyOfFreshWindow(const TuAnalysis &A, const FunctionDecl *Fn,
+                             const Expr *Key, const Stmt *At) {
+  const auto *ME = dyn_cast_or_null<MemberExpr>(stripExpr(Key));
+  bool Window = false;
+  return ME && isHandleType(A, ME->getBase()->getType(), &Window) && Window &&
+         freshWindow(A, Fn, ME->getBase(), At);
+}
+
 /// Is \p E (through locals) the MR's current key, masked or cast but not
 /// changed (`key = mr->rkey & 0xff; ib_update_fast_reg_key(mr, key)`)?
 /// `++key`, counters and anything else may well be new keys.
@@ -247,9 +258,10 @@ bool RkeyReuseCheck::reportAtCallers(const TuAnalysis &A, const FunctionDecl *Fn
       }))
     return false;
   for (const auto &[Call, Caller] : Callers) {
-    if (passesNewKey(A, Call, Caller, P->getFunctionScopeIndex(), *L, 0))
-      continue;
     const Expr *Arg = Call->getArg(P->getFunctionScopeIndex());
+    if (passesNewKey(A, Call, Caller, P->getFunctionScopeIndex(), *L, 0) ||
+        keyOfFreshWindow(A, Caller, Arg, Call))
+      continue;
     if (reportAtCallers(A, Caller, Arg, Call, Bound, Depth + 1))
       continue;
     report(A, Arg->getBeginLoc(),

@@ -98,3 +98,21 @@ int pg_restore(struct pg_home *h, struct pg_frame *f, uint32_t saved)
 	// CHECK-MESSAGES: :[[@LINE-1]]:25: warning: memory window re-bound by 'pg_rebind' with the key passed here, which is not a new one; a peer holding the old rkey keeps access to the re-bound memory [rdma-rkey-reuse]
 	// CHECK-MESSAGES: :39:20: note: the window is bound with that key here
 }
+
+/* Near miss: a frame's first grant binds its new window under the
+ * allocation key, which no peer has seen. */
+int pg_frame_open(struct ibv_pd *pd, struct pg_home *h, struct pg_frame *f)
+{
+	f->mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	if (!f->mw)
+		return -1;
+	return pg_post_bind(h, f, f->mw->rkey, IBV_ACCESS_REMOTE_READ);
+}
+
+/* A later grant under the same key re-exposes the frame to whoever kept it. */
+int pg_frame_regrant(struct pg_home *h, struct pg_frame *f)
+{
+	return pg_post_bind(h, f, f->mw->rkey, IBV_ACCESS_REMOTE_READ);
+	// CHECK-MESSAGES: :[[@LINE-1]]:28: warning: memory window re-bound by 'pg_post_bind' with the key passed here, which is not a new one; a peer holding the old rkey keeps access to the re-bound memory [rdma-rkey-reuse]
+	// CHECK-MESSAGES: :39:20: note: the window is bound with that key here
+}
