@@ -2528,6 +2528,10 @@ private:
         if (auto C = A.values(W.Fn).constant(stripExpr(Arm)))
           return W.Fn->getReturnType()->isBooleanType() ? *C == 0 : *C != 0;
       }
+    // `return *out ? RC_OK : RC_ERR_NO_MEMORY;`: the handle's own test
+    // picks the arm; the side where it is null (learnt on this path) fails.
+    if (CO && S.L != Life::Escaped && nullTest(W, CO->getCond()))
+      return S.L == Life::None;
     // `return wc.status == IBV_WC_SUCCESS ? 0 : -EIO;`: may succeed.
     if (CO)
       for (const Expr *Arm : {CO->getTrueExpr(), CO->getFalseExpr()})
