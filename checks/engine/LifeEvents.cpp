@@ -507,6 +507,45 @@ public:
         add(event(LifeEventKind::Fresh, Slot, Fn, CE, CE->getBeginLoc(), Name));
   }
 
+  /// `my_free(staging)`, `frame_put(exp, s->frame)`: a helper that frees,
+  /// unmaps or pools the memory its caller passes releases it at the call,
+  /// where the caller's windows and MRs over that memory are known. Struct
+  /// parameters need none of this: the handles in them are shared slots
+  /// whose events the helper's summary carries.
+  void releaseThroughHelpers() {
+    std::set<std::pair<const CallExpr *, unsigned>> Done;
+    for (bool Changed = true; Changed;) {
+      Changed = false;
+      for (const auto &[Fn, CE, Callee] : HelperCalls)
+        for (const auto &[Index, Unmap] : ParamReleased[Callee])
+          if (Index < CE->getNumArgs() && Done.insert({CE, Index}).second) {
+            size_t Before = ParamReleasedCount();
+            released(Fn, CE, CE->getArg(Index), Callee->getName(), false, Unmap);
+            Changed |= ParamReleasedCount() != Before;
+          }
+    }
+  }
+
+  /// \p Fn releases the memory its parameter \p Freed points at.
+  void noteParamReleased(const FunctionDecl *Fn, const Location &Freed, bool Unmap) {
+    const auto *P = dyn_cast_or_null<ParmVarDecl>(Freed.Root);
+    // Plain memory only (`void *`, `char *`, `float *`): not a struct, and
+    // not a table of pointers to structs (`struct desc **`).
+    QualType Pointee = P ? P->getType()->getPointeeType() : QualType();
+    if (!P || !Freed.Steps.empty() || Pointee.isNull() ||
+        Pointee->getAsRecordDecl() || Pointee->isPointerType() ||
+        !A.flow(Fn).onlyEntryValue(Freed, Fn->getBody()))
+      return;
+    ParamReleased[Fn].insert({P->getFunctionScopeIndex(), Unmap});
+  }
+
+  size_t ParamReleasedCount() const {
+    size_t N = 0;
+    for (const auto &[Fn, Params] : ParamReleased)
+      N += Params.size();
+    return N;
+  }
+
   /// `mr = ulp_get_mr(conn)`: a helper that returns a handle it produced
   /// and kept nowhere else produces it here. One that returns a handle it
   /// also stored (a cache entry) does not.
@@ -1055,7 +1094,7 @@ private:
 
   /// A DMA unmap or free: of a buffer behind a handle, or of the struct that
   /// holds handles.
-  void released(const FunctionDecl *Fn, const CallExpr *CE, const Expr *Arg,
+  void released(const FunctionDecl *Fn, const Stmt *CE, const Expr *Arg,
                 StringRef Name, bool EntryOfContainer = false, bool Unmap = false,
                 bool Parked = false, const ParmVarDecl *ListParam = nullptr) {
     if (!Arg)
@@ -1082,6 +1121,8 @@ private:
     std::optional<Location> Freed = EntryOfContainer ? locationOf(Arg) : memoryOf(Arg);
     if (!Freed)
       return;
+    if (!EntryOfContainer)
+      noteParamReleased(Fn, *Freed, Unmap);
     if (EntryOfContainer && !Freed->Steps.empty())
       Freed->Steps.pop_back(); // &req->node: the request
     bool Named = false; // the memory of some handle the unit knows
@@ -1162,6 +1203,23 @@ private:
       E.Recycle = true;
       add(E);
     }
+  }
+
+  /// `c->free_slots[c->nfree++] = slot`: a buffer goes back onto an
+  /// array-stack pool for reuse, as `free()` would give it away. Structs
+  /// pushed that way keep their handles (request pools), so only memory
+  /// (a pointer to no struct) counts.
+  void pushedMemory(const FunctionDecl *Fn, const BinaryOperator *BO,
+                    const Expr *Lhs, const Expr *Rhs) {
+    const auto *AS = dyn_cast<ArraySubscriptExpr>(Lhs->IgnoreParenImpCasts());
+    const auto *Push = AS ? dyn_cast<UnaryOperator>(stripExpr(AS->getIdx())) : nullptr;
+    if (!Push || Push->getOpcode() != UO_PostInc)
+      return;
+    QualType T = Rhs->getType();
+    if (!T->isPointerType() || isHandleType(A, T) ||
+        T->getPointeeType()->getAsRecordDecl())
+      return;
+    released(Fn, BO, Rhs, "free pool");
   }
 
   /// `s->busy = false` where the unit hands out entries by that flag
@@ -1502,6 +1560,7 @@ private:
       add(E);
       if (auto Result = A.resultOf(CE); Result && isHandleType(A, Def->getReturnType()))
         HelperResults.push_back({Fn, CE, Def, *Result});
+      HelperCalls.push_back({Fn, CE, Def});
       return;
     }
     for (const Expr *Arg : CE->arguments())
@@ -1568,6 +1627,7 @@ private:
       pushed(Fn, BO, *Target, Rhs);
       flagCleared(Fn, BO, *Target, Rhs);
     }
+    pushedMemory(Fn, BO, Lhs, Rhs);
     if (!isHandleType(A, Lhs->getType()) || !Target || namesInWorkRequest(*Target))
       return;
     SlotKey Slot = slotOf(A, *Target, Fn);
@@ -1738,6 +1798,10 @@ private:
   std::map<const FieldDecl *, bool> InUseFlags; // see inUseFlag()
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, Location, std::string>>
       Allocations;
+  std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *>>
+      HelperCalls;
+  /// Helpers that release the memory a parameter points at: (index, unmap).
+  std::map<const FunctionDecl *, std::set<std::pair<unsigned, bool>>> ParamReleased;
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *,
                          Location>>
       HelperResults;
@@ -1751,6 +1815,7 @@ void extractEvents(Lifecycle &L) {
     B.findBuffers(Fn);
   for (const FunctionDecl *Fn : L.A.functions())
     B.extract(Fn);
+  B.releaseThroughHelpers();
   B.produceFromHelpers();
   B.produceThroughLocals();
   B.freshAllocations();
