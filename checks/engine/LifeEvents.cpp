@@ -1030,8 +1030,17 @@ private:
               D.Target.Steps.empty())
             bufferOf(Fn, D.Value, Slot, Binding, Window, /*ViaLocal=*/true);
       }
-    if (auto Loc = memoryOf(Buf))
-      Buffers.push_back({*Loc, Fn, Slot, Binding, Window});
+    std::optional<Location> Loc = memoryOf(Buf);
+    if (!Loc)
+      return;
+    Buffers.push_back({*Loc, Fn, Slot, Binding, Window});
+    // `bind(.., frame); e->frame = frame;`: the struct keeps the memory,
+    // and other functions free it under that name.
+    if (Loc->Steps.empty())
+      for (const Def &D : A.flow(Fn).defs())
+        if (D.K == Def::Assign && D.Value && !D.Target.Steps.empty())
+          if (auto V = locationOf(stripExpr(D.Value)); V && *V == *Loc)
+            Buffers.push_back({A.flow(Fn).resolve(D.Target), Fn, Slot, Binding, Window});
   }
 
   /// The local pointer variable (not a parameter) \p E names, if any.

@@ -51,17 +51,17 @@ int tx_publish(struct tx_exporter *exp, void *frame)
 {
 	struct ibv_send_wr wr = { 0 }, *bad;
 
-	exp->frame = frame;
 	wr.opcode = IBV_WR_BIND_MW;
 	wr.send_flags = IBV_SEND_SIGNALED;
 	wr.bind_mw.mw = exp->mw;
 	wr.bind_mw.rkey = ibv_inc_rkey(exp->mw->rkey);
 	wr.bind_mw.bind_info.mr = exp->pool_mr;
-	wr.bind_mw.bind_info.addr = (uintptr_t)exp->frame;
+	wr.bind_mw.bind_info.addr = (uintptr_t)frame;
 	wr.bind_mw.bind_info.length = TX_FRAME_SIZE;
 	wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
 	if (ibv_post_send(exp->qp, &wr, &bad))
 		return -1;
+	exp->frame = frame; /* kept here; later released under this name */
 	return tx_wait(exp);
 }
 
