@@ -34,7 +34,7 @@ packages=(
   libclang-rt-22-dev   # ThreadSanitizer runtime: regcore's shared-core stress test
   libucx-dev           # UCX's registration cache, regcore_bench's reference
   dpkg-dev debootstrap   # .deb packages (dpkg-shlibdeps) and their clean-root install test
-  python3-yaml           # the GitHub Action and CI docs tests
+  python3-yaml           # the GitHub Action, CI docs and check-registry tests
   make gcc               # the stand-in kernel tree of the kernel workflow test
   lua5.4                 # the Neovim setups of docs/editors.md, against a stub API
 )
