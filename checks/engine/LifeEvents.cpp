@@ -578,7 +578,7 @@ public:
       // Only into the caller's struct (`ioctx->mr = mr`): a struct this
       // function made and linked somewhere owns its handle with it.
       const auto *BO = dyn_cast_or_null<BinaryOperator>(E.S);
-      if (!BO || !intoParameter(E.Fn, BO->getLHS()))
+      if (!BO || !intoParameter(E.Fn, BO->getLHS(), BO))
         continue;
       const LifeEvent *P = producedInto(E.Fn, BO->getRHS(), BO);
       if (!P || namedAfter(P->Slot, E.Fn, BO))
@@ -605,13 +605,30 @@ public:
           E.Slot = *It->second.begin();
   }
 
-  /// Is \p Lhs storage reached through a parameter of \p Fn?
-  bool intoParameter(const FunctionDecl *Fn, const Expr *Lhs) {
+  /// Is \p Lhs storage reached through a parameter of \p Fn at \p At,
+  /// directly or through a local pointing into it (`p = &sess->permits[i];
+  /// p->mr = mr;`)?
+  bool intoParameter(const FunctionDecl *Fn, const Expr *Lhs, const Stmt *At) {
     std::optional<Location> L = locationOf(Lhs);
     if (!L)
       return false;
     Location R = A.flow(Fn).resolve(*L);
-    return R.Root && isa<ParmVarDecl>(R.Root) && !R.Steps.empty();
+    if (!R.Root || R.Steps.empty())
+      return false;
+    if (isa<ParmVarDecl>(R.Root))
+      return true;
+    const auto *Local = dyn_cast<VarDecl>(R.Root);
+    if (!Local || !Local->isLocalVarDecl() || !Local->getType()->isPointerType())
+      return false;
+    auto Defs = A.flow(Fn).reaching(Location{Local, {}}, At);
+    return !Defs.empty() && llvm::all_of(Defs, [&](const Def *D) {
+      const Expr *V = D && D->K == Def::Assign && D->Value ? stripExpr(D->Value) : nullptr;
+      if (const auto *Addr = dyn_cast_or_null<UnaryOperator>(V);
+          Addr && Addr->getOpcode() == UO_AddrOf)
+        V = stripExpr(Addr->getSubExpr());
+      std::optional<Location> From = V ? locationOf(V) : std::nullopt;
+      return From && From->Root && isa<ParmVarDecl>(From->Root) && !From->Steps.empty();
+    });
   }
 
   /// Does \p Fn still act on the handle through the local \p Slot after
