@@ -121,8 +121,9 @@ static bool attachedToConnection(const TuAnalysis &A, const FunctionDecl *Fn,
 
 /// The MR handle lives as long as a connection: in a global, or in a struct
 /// that also holds the connection's QP, CQ or PD (`conn->login_mr`,
-/// `dev->mr`), or in one the function hangs on such a struct. Registering it happens once per connection even when the
-/// code that does it is reached from the completion path.
+/// `dev->mr`), or in one the function hangs on such a struct. Registering
+/// it happens once per connection even when the code that does it is
+/// reached from the completion path.
 static bool heldPerConnection(const TuAnalysis &A, const ApiCall &C) {
   std::optional<Location> L = registeredHandle(A, C);
   if (!L)

@@ -519,9 +519,9 @@ public:
       for (const auto &[Fn, CE, Callee] : HelperCalls)
         for (const auto &[Index, Unmap] : ParamReleased[Callee])
           if (Index < CE->getNumArgs() && Done.insert({CE, Index}).second) {
-            size_t Before = ParamReleasedCount();
+            size_t Before = ParamReleases;
             released(Fn, CE, CE->getArg(Index), Callee->getName(), false, Unmap);
-            Changed |= ParamReleasedCount() != Before;
+            Changed |= ParamReleases != Before;
           }
     }
   }
@@ -536,14 +536,7 @@ public:
         Pointee->getAsRecordDecl() || Pointee->isPointerType() ||
         !A.flow(Fn).onlyEntryValue(Freed, Fn->getBody()))
       return;
-    ParamReleased[Fn].insert({P->getFunctionScopeIndex(), Unmap});
-  }
-
-  size_t ParamReleasedCount() const {
-    size_t N = 0;
-    for (const auto &[Fn, Params] : ParamReleased)
-      N += Params.size();
-    return N;
+    ParamReleases += ParamReleased[Fn].insert({P->getFunctionScopeIndex(), Unmap}).second;
   }
 
   /// `mr = ulp_get_mr(conn)`: a helper that returns a handle it produced
@@ -623,9 +616,8 @@ public:
     auto Defs = A.flow(Fn).reaching(Location{Local, {}}, At);
     return !Defs.empty() && llvm::all_of(Defs, [&](const Def *D) {
       const Expr *V = D && D->K == Def::Assign && D->Value ? stripExpr(D->Value) : nullptr;
-      if (const auto *Addr = dyn_cast_or_null<UnaryOperator>(V);
-          Addr && Addr->getOpcode() == UO_AddrOf)
-        V = stripExpr(Addr->getSubExpr());
+      if (const Expr *Target = addressed(V))
+        V = Target;
       std::optional<Location> From = V ? locationOf(V) : std::nullopt;
       return From && From->Root && isa<ParmVarDecl>(From->Root) && !From->Steps.empty();
     });
@@ -993,11 +985,8 @@ private:
     if (!CE)
       return nullptr;
     for (const Expr *Arg : CE->arguments()) {
-      const Expr *Counter = stripExpr(Arg);
-      if (const auto *Addr = dyn_cast<UnaryOperator>(Counter);
-          Addr && Addr->getOpcode() == UO_AddrOf)
-        Counter = stripExpr(Addr->getSubExpr());
-      std::optional<Location> L = locationOf(Counter);
+      const Expr *Counter = addressed(Arg);
+      std::optional<Location> L = locationOf(Counter ? Counter : stripExpr(Arg));
       if (L && !L->Steps.empty() && mentions(Then, *L))
         return CE;
     }
@@ -1828,6 +1817,7 @@ private:
       HelperCalls;
   /// Helpers that release the memory a parameter points at: (index, unmap).
   std::map<const FunctionDecl *, std::set<std::pair<unsigned, bool>>> ParamReleased;
+  size_t ParamReleases = 0; // entries in ParamReleased, to see it grow
   std::vector<std::tuple<const FunctionDecl *, const CallExpr *, const FunctionDecl *,
                          Location>>
       HelperResults;

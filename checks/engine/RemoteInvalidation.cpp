@@ -369,13 +369,6 @@ bool failureValue(const TuAnalysis &A, const FunctionDecl *Fn, const Expr *V) {
   return C && *C < 0;
 }
 
-/// Is \p F code of this unit's own file (a helper that may complete the
-/// request), rather than declared or inlined from a header (`queue_work`)?
-bool definedInUnit(const TuAnalysis &A, const FunctionDecl *F) {
-  const FunctionDecl *Def = F->getDefinition();
-  return Def && A.sources().isInMainFile(A.sources().getExpansionLoc(Def->getLocation()));
-}
-
 /// A handle, or a pointer to a struct that holds one (the request a
 /// `call_put(c, call)` completes), directly or in an embedded struct.
 bool carriesHandles(const TuAnalysis &A, QualType T, unsigned Depth = 0) {
@@ -417,7 +410,10 @@ bool rejects(const TuAnalysis &A, const FunctionDecl *Fn, const Stmt *Branch) {
     const FunctionDecl *F = CE ? CE->getDirectCallee() : nullptr;
     if (S == Ret || (F && F->isVariadic())) // logging
       return true;
-    return F && !A.modelOf(CE) && !definedInUnit(A, F) &&
+    // A function the unit analyses (its own file's) may complete the
+    // request; one declared or inlined from a header (`queue_work`) not.
+    return F && !A.modelOf(CE) &&
+           !llvm::is_contained(A.functions(), F->getDefinition()) &&
            llvm::none_of(CE->arguments(), [&](const Expr *Arg) {
              return carriesHandles(A, Arg->getType());
            });
